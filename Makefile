@@ -1,0 +1,47 @@
+# hami.node — one entry point for people and CI. `make demo` and `make test` each work on a fresh
+# machine: they run `setup` first, which installs what is missing and nothing else.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps gpusim test test-fast lint bench demo clean
+
+setup: $(STAMP) gpusim
+
+system-deps:
+	scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	scripts/install-system-deps.sh
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+gpusim:
+	$(MAKE) --no-print-directory -C tests/gpusim
+
+# Everything: unit, integration, e2e and molecule (as CI runs it).
+test: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Quick loop for developers: no molecule, no e2e.
+test-fast: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not molecule and not e2e" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check agent tests benchmarks plugins
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/lint-ansible.sh
+
+bench: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks
+
+demo: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/demo.sh
+
+clean:
+	$(MAKE) -C tests/gpusim clean
+	rm -rf demo-output .pytest_cache

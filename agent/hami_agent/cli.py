@@ -1,0 +1,106 @@
+"""``hami-agent`` entry point: one binary, one subcommand per component.
+
+Each subcommand lives in its feature package as a light ``cmd`` module exposing
+``add_arguments(parser)`` and ``run(args) -> int``; heavy imports (kubernetes, grpc, pynvml) happen
+inside ``run`` so ``hami-agent --help`` and ``hami-agent version`` stay fast.
+
+Exit codes (every command): 0 ok, 1 failure found / operation failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Callable, Sequence
+
+from hami_agent import __version__, log
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+# name -> (module path, one-line help). Modules are imported only to build their parser.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "devices": ("hami_agent.nvml.cmd", "print the GPU inventory seen through NVML"),
+    "device-plugin": ("hami_agent.deviceplugin.cmd", "run the kubelet device plugin"),
+    "scheduler": ("hami_agent.scheduler.cmd", "run the scheduler extender and admission webhook"),
+    "monitor": ("hami_agent.monitor.cmd", "export per-container vGPU metrics from shared regions"),
+    "shrreg": ("hami_agent.shrreg.cmd", "inspect and repair HAMi-core shared regions"),
+    "doctor": ("hami_agent.doctor.cmd", "diagnose HAMi problems and print the fix"),
+}
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags every subcommand accepts, with the same names and env fallbacks everywhere."""
+    parser.add_argument("-v", "--v", dest="verbosity", type=int, metavar="N",
+                        default=int(os.environ.get("HAMI_VERBOSITY", "0") or 0),
+                        help="klog verbosity: 0 errors/info, 2 scoring, 4 filter/debug, 5 trace")
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                        help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                        help="this node's Kubernetes name (env NODE_NAME)")
+    parser.add_argument("--config", default=os.environ.get("CONFIG_FILE"),
+                        help="agent config file: HAMi device-config.yaml or JSON (env CONFIG_FILE)")
+
+
+def _load(module_path: str):
+    try:
+        return importlib.import_module(module_path)
+    except ModuleNotFoundError as exc:
+        # Only hide the subcommand when its own package is absent (not yet built), never
+        # when one of its dependencies is missing: that must surface as a real error.
+        if exc.name and module_path.startswith(exc.name):
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hami-agent",
+        description="GPU device plugin, scheduler extender and node tooling, wire-compatible with HAMi.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    version = sub.add_parser("version", help="print the agent version")
+    version.add_argument("--json", action="store_true", help="machine-readable output")
+    version.set_defaults(run=_run_version)
+    for name, (module_path, help_text) in SUBCOMMANDS.items():
+        module = _load(module_path)
+        if module is None:
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_common_arguments(p)
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def _run_version(args: argparse.Namespace) -> int:
+    if args.json:
+        import json
+
+        print(json.dumps({"version": __version__}))
+    else:
+        print(f"hami-agent {__version__}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    log.setup(getattr(args, "verbosity", 0))
+    try:
+        return int(run(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

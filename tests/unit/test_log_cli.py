@@ -1,0 +1,66 @@
+import io
+import logging
+import re
+
+import pytest
+
+from hami_agent import __version__, cli, log
+
+pytestmark = pytest.mark.unit
+
+KLOG_HEADER = re.compile(r"^([IWEF])(\d{4}) (\d\d:\d\d:\d\d\.\d{6}) +(\d+) ([\w.]+):(\d+)\] (.*)$")
+
+
+def _capture(verbosity):
+    stream = io.StringIO()
+    logger = log.setup(verbosity, stream)
+    return logger.getChild("test"), stream
+
+
+def test_klog_header_matches_go_klog_layout():
+    logger, stream = _capture(0)
+    logger.info("Starting GRPC server for 'nvidia.com/gpu'")
+    line = stream.getvalue().rstrip("\n")
+    m = KLOG_HEADER.match(line)
+    assert m, line
+    assert m.group(1) == "I"
+    assert m.group(5) == "test_log_cli.py"
+    assert m.group(7) == "Starting GRPC server for 'nvidia.com/gpu'"
+
+
+def test_verbosity_filters_v_levels_like_klog():
+    logger, stream = _capture(2)
+    log.v(logger, 2, "scoring shown")
+    log.v(logger, 4, "filter hidden")
+    logger.warning("warn")
+    logger.error("err")
+    out = stream.getvalue().splitlines()
+    assert [line.split("] ", 1)[1] for line in out] == ["scoring shown", "warn", "err"]
+    assert [line[0] for line in out] == ["I", "W", "E"]
+    assert log.enabled(logger, 2) and not log.enabled(logger, 3)
+
+
+def test_v_names_caller_file():
+    logger, stream = _capture(5)
+    log.v(logger, 5, "trace")
+    assert "test_log_cli.py:" in stream.getvalue()
+    assert "log.py" not in stream.getvalue()
+
+
+def test_version_command(capsys):
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hami-agent {__version__}"
+
+
+def test_no_command_is_usage_error():
+    assert cli.main([]) == cli.EXIT_USAGE
+
+
+def test_unknown_command_exits_2():
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["no-such-command"])
+    assert exc.value.code == 2
+
+
+def teardown_module():
+    logging.getLogger(log.ROOT_LOGGER).handlers.clear()
