@@ -13,7 +13,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from hami_agent import __version__, log
 
