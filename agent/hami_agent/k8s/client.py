@@ -1,0 +1,538 @@
+"""``KubeClient``: the only code that talks to the Kubernetes API.
+
+Built on the official ``kubernetes`` client for what it is good at (kubeconfig / in-cluster loading,
+auth incl. exec plugins and token refresh, TLS, the urllib3 connection pool), but requests go through
+``ApiClient.call_api`` with raw JSON bodies: objects stay plain dicts in the API's JSON form (camelCase),
+which is both what the rest of the agent uses and several times faster than model deserialization.
+
+Every call has a (connect, read) timeout. Transient failures (no response, 429, 5xx) are retried with
+exponential backoff and jitter; 4xx are not retried. Calls that create something (POST) are retried only
+when the request cannot have been processed: connection refused / connect timeout, 429, 503.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import quote
+
+from hami_agent import __version__, log
+from hami_agent.k8s.backoff import Backoff
+from hami_agent.k8s.errors import (
+    ExpiredError,
+    KubeConfigError,
+    KubeError,
+    KubeTimeoutError,
+    NotFoundError,
+    error_for,
+)
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path, not a secret)
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    plural: str
+    singular: str
+    prefix: str
+    namespaced: bool
+
+
+KINDS: dict[str, KindInfo] = {k.plural: k for k in (
+    KindInfo("pods", "pod", "/api/v1", True),
+    KindInfo("nodes", "node", "/api/v1", False),
+    KindInfo("events", "event", "/api/v1", True),
+    KindInfo("namespaces", "namespace", "/api/v1", False),
+    KindInfo("resourcequotas", "resourcequota", "/api/v1", True),
+    KindInfo("configmaps", "configmap", "/api/v1", True),
+    KindInfo("leases", "lease", "/apis/coordination.k8s.io/v1", True),
+)}
+
+
+def kind_info(kind: str) -> KindInfo:
+    k = kind.lower()
+    for info in KINDS.values():
+        if k in (info.plural, info.singular):
+            return info
+    raise ValueError(f"unsupported kind {kind!r}: use one of {', '.join(sorted(KINDS))}")
+
+
+def api_path(kind: str, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+    info = kind_info(kind)
+    path = info.prefix
+    if info.namespaced and namespace:
+        path += f"/namespaces/{quote(namespace, safe='')}"
+    path += f"/{info.plural}"
+    if name:
+        path += f"/{quote(name, safe='')}"
+        if subresource:
+            path += f"/{subresource}"
+    return path
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of one API call: ``attempts`` in total, sleeping ``base_s * 2^n`` (+ up to 50 % jitter,
+    capped at ``cap_s``; a server's Retry-After is honoured up to the cap) between them."""
+
+    attempts: int = 5
+    base_s: float = 0.2
+    cap_s: float = 5.0
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_micro() -> str:
+    """metav1.MicroTime, as used by Lease renewTime/acquireTime."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _transport_error(exc: Exception, verb: str, kind: str, name: str, timeout_s: float) -> KubeError:
+    import urllib3.exceptions as ue
+
+    inner = getattr(exc, "reason", None)
+    if isinstance(exc, ue.MaxRetryError) and isinstance(inner, Exception):
+        return _transport_error(inner, verb, kind, name, timeout_s)
+    # NewConnectionError subclasses ConnectTimeoutError in urllib3 2.x: test it first.
+    if isinstance(exc, (ue.NewConnectionError, ConnectionRefusedError)):
+        return KubeError(0, "connection refused", str(exc), verb, kind, name)
+    if isinstance(exc, ue.ConnectTimeoutError):
+        return KubeTimeoutError(0, "connect timeout", f"no connection within {timeout_s:g}s ({exc})",
+                                verb, kind, name)
+    if isinstance(exc, (ue.ReadTimeoutError, TimeoutError)):
+        return KubeTimeoutError(0, "timeout", f"no answer within {timeout_s:g}s ({exc})", verb, kind, name)
+    return KubeError(0, "connection error", f"{type(exc).__name__}: {exc}", verb, kind, name)
+
+
+def _not_processed(e: KubeError) -> bool:
+    """True when the server cannot have acted on the request, so even a POST may be retried."""
+    return e.status in (429, 503) or (e.status == 0 and e.reason in ("connection refused", "connect timeout"))
+
+
+class KubeClient:
+    """Dicts in, dicts out. Thread-safe (the urllib3 pool is); create one per process and share it."""
+
+    def __init__(self, api_client: Any, timeout_s: float = 10.0, retry: RetryPolicy | None = None) -> None:
+        self._api = api_client
+        self.timeout_s = timeout_s
+        self.retry = retry or RetryPolicy()
+        self._event_lock = threading.Lock()
+        self._event_names: collections.OrderedDict[tuple[str, ...], tuple[str, float, int]] = (
+            collections.OrderedDict())
+
+    # -- construction
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None, timeout_s: float = 10.0,
+                        retry: RetryPolicy | None = None) -> KubeClient:
+        """``path`` (``--kubeconfig``), else in-cluster, else ``$KUBECONFIG``, else ``~/.kube/config``."""
+        from kubernetes import client as kclient
+        from kubernetes import config as kconfig
+
+        cfg = kclient.Configuration()
+        source = ""
+        try:
+            if path:
+                source = f"kubeconfig {path}"
+                kconfig.load_kube_config(config_file=path, client_configuration=cfg)
+            elif os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
+                source = "in-cluster service account"
+                kconfig.load_incluster_config(client_configuration=cfg)
+            else:
+                env = os.environ.get("KUBECONFIG")
+                default = os.path.expanduser("~/.kube/config")
+                if env:
+                    source = f"$KUBECONFIG={env}"
+                    kconfig.load_kube_config(config_file=env, client_configuration=cfg)
+                elif os.path.exists(default):
+                    source = f"kubeconfig {default}"
+                    kconfig.load_kube_config(config_file=default, client_configuration=cfg)
+                else:
+                    raise KubeConfigError(
+                        "no Kubernetes credentials found: pass --kubeconfig PATH, run in a pod with a "
+                        "service account (in-cluster), set $KUBECONFIG, or create ~/.kube/config")
+        except KubeConfigError:
+            raise
+        except Exception as exc:  # the loaders raise ConfigException, OSError, yaml errors...
+            raise KubeConfigError(f"cannot load Kubernetes credentials from {source}: {exc}") from exc
+        # Our own retry loop handles failures; urllib3's silent immediate retries would hide them.
+        cfg.retries = False
+        cfg.connection_pool_maxsize = 16
+        api = kclient.ApiClient(cfg)
+        api.user_agent = f"hami-agent/{__version__}"
+        log.v(logger, 4, "kubernetes API %s (credentials: %s)", cfg.host, source)
+        return cls(api, timeout_s=timeout_s, retry=retry)
+
+    def with_options(self, timeout_s: float | None = None, attempts: int | None = None) -> KubeClient:
+        """A view sharing the connection pool with a different timeout / retry budget (e.g. for the
+        kubelet's Allocate path, where a bounded answer matters more than persistence)."""
+        other = KubeClient.__new__(KubeClient)
+        other.__dict__.update(self.__dict__)
+        if timeout_s is not None:
+            other.timeout_s = timeout_s
+        if attempts is not None:
+            other.retry = replace(self.retry, attempts=max(1, attempts))
+        return other
+
+    @property
+    def host(self) -> str:
+        return str(self._api.configuration.host)
+
+    def close(self) -> None:
+        self._api.close()
+
+    # -- transport
+    def _send(self, method: str, path: str, query: dict[str, str] | None, body: Any, *,
+              content_type: str | None, timeout: tuple[float, float]) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        req = self._api.param_serialize(method=method, resource_path=path,
+                                        query_params=list((query or {}).items()),
+                                        header_params=headers, body=body, auth_settings=["BearerToken"])
+        return self._api.call_api(req[0], req[1], header_params=req[2], body=req[3], _request_timeout=timeout)
+
+    def _timeouts(self, timeout_s: float | None) -> tuple[float, float]:
+        t = timeout_s if timeout_s is not None else self.timeout_s
+        return (min(t, 5.0), t)
+
+    def _once(self, method: str, path: str, query: dict[str, str] | None, body: Any, *,
+              content_type: str | None, verb: str, kind: str, name: str, timeout_s: float | None) -> Obj:
+        timeout = self._timeouts(timeout_s)
+        try:
+            resp = self._send(method, path, query, body, content_type=content_type, timeout=timeout)
+            data = resp.read()
+        except KubeError:
+            raise
+        except Exception as exc:  # urllib3 / socket / ssl failures: no (complete) response
+            from kubernetes.client.exceptions import ApiException
+
+            if isinstance(exc, ApiException):
+                raise KubeError(exc.status or 0, "connection error", str(exc.reason), verb, kind,
+                                name) from exc
+            raise _transport_error(exc, verb, kind, name, timeout[1]) from exc
+        if 200 <= resp.status < 300:
+            return json.loads(data) if data else {}
+        raise _status_error(resp.status, data, resp.getheader("Retry-After"), verb=verb, kind=kind, name=name)
+
+    def call(self, method: str, path: str, *, verb: str, kind: str, name: str = "",
+             query: dict[str, str] | None = None, body: Any = None, content_type: str | None = None,
+             timeout_s: float | None = None, idempotent: bool = True) -> Obj:
+        """One API call with the retry policy. ``verb``/``kind``/``name`` only shape error messages."""
+        attempts = max(1, self.retry.attempts)
+        backoff = Backoff(self.retry.base_s, 2.0, 0.5, attempts, self.retry.cap_s)
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._once(method, path, query, body, content_type=content_type, verb=verb,
+                                  kind=kind, name=name, timeout_s=timeout_s)
+            except KubeError as e:
+                retry = e.transient if idempotent else _not_processed(e)
+                if not retry or attempt == attempts:
+                    raise
+                delay = backoff.next()
+                if e.retry_after_s is not None:
+                    delay = max(delay, min(e.retry_after_s, self.retry.cap_s))
+                log.v(logger, 3, "%s; retrying in %.2fs (attempt %d/%d)", e, delay, attempt + 1, attempts)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # -- generic verbs
+    def get(self, kind: str, name: str, namespace: str | None = None, timeout_s: float | None = None) -> Obj:
+        info = kind_info(kind)
+        return self.call("GET", api_path(kind, namespace, name), verb="get", kind=info.singular,
+                         name=_display(namespace, name, info), timeout_s=timeout_s)
+
+    def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None, timeout_s: float | None = None) -> tuple[list[Obj], str]:
+        """Items and the list's resourceVersion (the point a watch continues from)."""
+        info = kind_info(kind)
+        query = {}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        out = self.call("GET", api_path(kind, namespace), verb="list", kind=info.plural,
+                        name=namespace or "", query=query, timeout_s=timeout_s)
+        return list(out.get("items") or []), str((out.get("metadata") or {}).get("resourceVersion", ""))
+
+    def create(self, kind: str, obj: Obj, namespace: str | None = None,
+               timeout_s: float | None = None) -> Obj:
+        info = kind_info(kind)
+        meta = obj.get("metadata") or {}
+        ns = namespace or meta.get("namespace") or ("default" if info.namespaced else None)
+        return self.call("POST", api_path(kind, ns), verb="create", kind=info.singular,
+                         name=_display(ns, meta.get("name") or meta.get("generateName", ""), info),
+                         body=obj, timeout_s=timeout_s, idempotent=False)
+
+    def replace(self, kind: str, obj: Obj, timeout_s: float | None = None) -> Obj:
+        """PUT the whole object; a ``metadata.resourceVersion`` in ``obj`` makes it conditional (409)."""
+        info = kind_info(kind)
+        meta = obj["metadata"]
+        ns = meta.get("namespace")
+        return self.call("PUT", api_path(kind, ns, meta["name"]), verb="update", kind=info.singular,
+                         name=_display(ns, meta["name"], info), body=obj, timeout_s=timeout_s)
+
+    def patch(self, kind: str, name: str, patch: Obj, namespace: str | None = None, *,
+              subresource: str | None = None, timeout_s: float | None = None) -> Obj:
+        """JSON merge-patch (RFC 7386): ``None`` deletes a key; a ``metadata.resourceVersion`` in the
+        patch makes it conditional (409 ``ConflictError`` when stale)."""
+        info = kind_info(kind)
+        return self.call("PATCH", api_path(kind, namespace, name, subresource), verb="patch",
+                         kind=info.singular, name=_display(namespace, name, info), body=patch,
+                         content_type=MERGE_PATCH, timeout_s=timeout_s)
+
+    def delete(self, kind: str, name: str, namespace: str | None = None,
+               resource_version: str | None = None, timeout_s: float | None = None) -> Obj:
+        info = kind_info(kind)
+        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if resource_version:
+            body["preconditions"] = {"resourceVersion": resource_version}
+        return self.call("DELETE", api_path(kind, namespace, name), verb="delete", kind=info.singular,
+                         name=_display(namespace, name, info), body=body, timeout_s=timeout_s)
+
+    def watch(self, kind: str, resource_version: str, namespace: str | None = None, *,
+              label_selector: str | None = None, field_selector: str | None = None,
+              timeout_s: float = 300.0, allow_bookmarks: bool = True) -> WatchStream:
+        """Open a watch from ``resource_version`` (not retried: the informer owns recovery)."""
+        info = kind_info(kind)
+        query = {"watch": "1", "resourceVersion": resource_version,
+                 "timeoutSeconds": str(max(1, int(timeout_s)))}
+        if allow_bookmarks:
+            query["allowWatchBookmarks"] = "true"
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        path = api_path(kind, namespace)
+        # read timeout: the server ends the stream after timeoutSeconds; allow some slack before we
+        # declare the connection dead.
+        timeout = (min(self.timeout_s, 5.0), timeout_s + 15.0)
+        try:
+            resp = self._send("GET", path, query, None, content_type=None, timeout=timeout)
+        except Exception as exc:
+            raise _transport_error(exc, "watch", info.plural, namespace or "", timeout[1]) from exc
+        if resp.status != 200:
+            data = resp.read()
+            raise _status_error(resp.status, data, resp.getheader("Retry-After"), verb="watch",
+                                kind=info.plural, name=namespace or "")
+        return WatchStream(resp.response, info.plural, namespace or "")
+
+    # -- typed helpers (names other components rely on)
+    def get_node(self, name: str) -> Obj:
+        return self.get("nodes", name)
+
+    def list_nodes(self, label_selector: str | None = None) -> list[Obj]:
+        return self.list("nodes", label_selector=label_selector)[0]
+
+    def patch_node_annotations(self, name: str, annotations: dict[str, str | None],
+                               resource_version: str | None = None) -> Obj:
+        return self.patch_node_metadata(name, annotations=annotations, resource_version=resource_version)
+
+    def patch_node_metadata(self, name: str, annotations: dict[str, str | None] | None = None,
+                            labels: dict[str, str | None] | None = None,
+                            resource_version: str | None = None) -> Obj:
+        return self.patch("nodes", name, _metadata_patch(annotations, labels, resource_version))
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        return self.get("pods", name, namespace)
+
+    def list_pods(self, namespace: str | None = None, field_selector: str | None = None,
+                  label_selector: str | None = None) -> list[Obj]:
+        return self.list("pods", namespace, label_selector, field_selector)[0]
+
+    def patch_pod_metadata(self, namespace: str, name: str, annotations: dict[str, str | None] | None = None,
+                           labels: dict[str, str | None] | None = None,
+                           resource_version: str | None = None) -> Obj:
+        return self.patch("pods", name, _metadata_patch(annotations, labels, resource_version), namespace)
+
+    def patch_pod_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        return self.patch("pods", name, {"status": status}, namespace, subresource="status")
+
+    def bind_pod(self, namespace: str, name: str, node_name: str, uid: str | None = None,
+                 annotations: dict[str, str] | None = None) -> None:
+        """POST pods/binding. 409 ``ConflictError`` when the pod is already bound (or ``uid`` differs)."""
+        meta: Obj = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = annotations
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node_name}}
+        self.call("POST", api_path("pods", namespace, name, "binding"), verb="bind", kind="pod",
+                  name=f"{namespace}/{name}", body=binding, idempotent=False)
+
+    def list_resource_quotas(self, namespace: str) -> list[Obj]:
+        return self.list("resourcequotas", namespace)[0]
+
+    def get_lease(self, namespace: str, name: str) -> Obj:
+        return self.get("leases", name, namespace)
+
+    def create_event(self, obj: Obj, type_: str, reason: str, message: str, component: str, *,
+                     kind: str | None = None, host: str | None = None) -> Obj:
+        """Record a core/v1 Event about ``obj``. A repeat of the same (object, type, reason, message)
+        within 10 minutes bumps ``count`` and ``lastTimestamp`` instead of creating a new Event, like
+        client-go's event correlator."""
+        meta = obj.get("metadata") or {}
+        kind = kind or obj.get("kind") or _guess_kind(obj)
+        ns = meta.get("namespace") or "default"
+        message = message[:1024]  # the API's limit on Event.message
+        key = (kind, ns, meta.get("name", ""), meta.get("uid", ""), type_, reason, message, component)
+        now = now_rfc3339()
+        with self._event_lock:
+            seen = self._event_names.get(key)
+        if seen is not None and time.monotonic() - seen[1] < 600:
+            name, _t, count = seen
+            try:
+                out = self.patch("events", name, {"count": count + 1, "lastTimestamp": now}, ns)
+                with self._event_lock:
+                    self._event_names[key] = (name, time.monotonic(), count + 1)
+                return out
+            except NotFoundError:
+                pass
+        involved: Obj = {"kind": kind, "name": meta.get("name", ""),
+                         "apiVersion": obj.get("apiVersion", "v1")}
+        for src, dst in (("namespace", "namespace"), ("uid", "uid"), ("resourceVersion", "resourceVersion")):
+            if meta.get(src):
+                involved[dst] = meta[src]
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta.get('name', 'unknown')}.{time.time_ns():x}", "namespace": ns},
+            "involvedObject": involved, "reason": reason, "message": message, "type": type_,
+            "source": {"component": component, **({"host": host} if host else {})},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": component, "reportingInstance": host or component,
+        }
+        out = self.create("events", event, ns)
+        with self._event_lock:
+            self._event_names[key] = (out["metadata"]["name"], time.monotonic(), 1)
+            while len(self._event_names) > 4096:
+                self._event_names.popitem(last=False)
+        return out
+
+
+class WatchStream:
+    """Iterator over ``(type, object)`` of one watch response. ``ERROR`` events are raised:
+    ``ExpiredError`` for 410 (relist), ``KubeError`` otherwise. ``close()`` may be called from another
+    thread to end a blocked read at once."""
+
+    def __init__(self, response: Any, kind: str, namespace: str) -> None:
+        self._resp = response
+        self._kind = kind
+        self._ns = namespace
+        self._closed = False
+
+    def __enter__(self) -> WatchStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._resp.shutdown()  # unblocks a reader in another thread (urllib3 >= 2.3)
+        except Exception:  # noqa: S110 - best effort: the socket may already be gone
+            pass
+        try:
+            self._resp.release_conn()
+            self._resp.close()
+        except Exception:  # noqa: S110
+            pass
+
+    def __iter__(self) -> Iterator[tuple[str, Obj]]:
+        buf = b""
+        try:
+            for chunk in self._resp.stream(65536, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield self._event(line)
+            if buf.strip():
+                yield self._event(buf)
+        except KubeError:
+            raise
+        except Exception as exc:
+            if self._closed:
+                return
+            raise _transport_error(exc, "watch", self._kind, self._ns, 0) from exc
+
+    def _event(self, line: bytes) -> tuple[str, Obj]:
+        try:
+            ev = json.loads(line)
+        except ValueError as exc:
+            raise KubeError(0, "bad watch event", f"cannot decode {line[:120]!r}: {exc}", "watch",
+                            self._kind, self._ns) from exc
+        type_ = ev.get("type", "")
+        obj = ev.get("object") or {}
+        if type_ == "ERROR":
+            code = int(obj.get("code") or 0)
+            raise error_for(code, str(obj.get("reason", "")), str(obj.get("message", "")), "watch",
+                            self._kind, self._ns)
+        return type_, obj
+
+
+def _status_error(status: int, data: bytes, retry_after: str | None, *, verb: str, kind: str,
+                  name: str) -> KubeError:
+    reason, message = "", ""
+    try:
+        body = json.loads(data) if data else {}
+        if isinstance(body, dict):
+            reason = str(body.get("reason", ""))
+            message = str(body.get("message", ""))
+    except ValueError:
+        message = data[:200].decode("utf-8", "replace")
+    ra: float | None = None
+    if retry_after:
+        try:
+            ra = float(retry_after)
+        except ValueError:
+            ra = None
+    return error_for(status, reason, message, verb, kind, name, ra)
+
+
+def _metadata_patch(annotations: dict[str, str | None] | None, labels: dict[str, str | None] | None,
+                    resource_version: str | None) -> Obj:
+    meta: Obj = {}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    if labels is not None:
+        meta["labels"] = dict(labels)
+    if resource_version:
+        meta["resourceVersion"] = str(resource_version)
+    return {"metadata": meta}
+
+
+def _display(namespace: str | None, name: str, info: KindInfo) -> str:
+    return f"{namespace}/{name}" if info.namespaced and namespace else name
+
+
+def _guess_kind(obj: Obj) -> str:
+    if "containers" in (obj.get("spec") or {}):
+        return "Pod"
+    if not (obj.get("metadata") or {}).get("namespace"):
+        return "Node"
+    return "Pod"
+
+
+__all__ = ["KINDS", "MERGE_PATCH", "ExpiredError", "KubeClient", "RetryPolicy", "WatchStream", "api_path",
+           "kind_info", "now_micro", "now_rfc3339"]

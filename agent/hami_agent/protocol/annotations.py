@@ -1,0 +1,131 @@
+"""Pod and node annotations the scheduler reads (reference/hami.md §3.3, §1 device-cordon)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hami_agent.protocol import keys
+from hami_agent.protocol.errors import ProtocolError, quote
+
+NODE_POLICY_BINPACK = "binpack"
+NODE_POLICY_SPREAD = "spread"
+NODE_POLICIES = (NODE_POLICY_BINPACK, NODE_POLICY_SPREAD)
+GPU_POLICY_SPREAD = "spread"
+GPU_POLICY_BINPACK = "binpack"
+GPU_POLICY_TOPOLOGY_AWARE = "topology-aware"
+GPU_POLICY_MUTEX = "mutex"
+GPU_POLICY_NUMA = "numa"
+GPU_POLICIES = (GPU_POLICY_SPREAD, GPU_POLICY_BINPACK, GPU_POLICY_TOPOLOGY_AWARE, GPU_POLICY_MUTEX,
+                GPU_POLICY_NUMA)
+DEFAULT_NODE_POLICY = NODE_POLICY_BINPACK
+DEFAULT_GPU_POLICY = GPU_POLICY_SPREAD
+
+
+def _items(value: str) -> list[str]:
+    """Comma list with blanks dropped (an empty value means "no constraint")."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def check_type(annotations: Mapping[str, str] | None, device_type: str) -> bool:
+    """``nvidia.com/use-gputype`` / ``nouse-gputype``: case-insensitive substring match on the device
+    type (e.g. ``A100`` matches ``NVIDIA-NVIDIA A100-SXM4-80GB``)."""
+    annotations = annotations or {}
+    card = device_type.upper()
+    use = _items(annotations.get(keys.USE_GPUTYPE, ""))
+    if use and not any(u.upper() in card for u in use):
+        return False
+    nouse = _items(annotations.get(keys.NOUSE_GPUTYPE, ""))
+    return not any(n.upper() in card for n in nouse)
+
+
+def check_uuid(annotations: Mapping[str, str] | None, uuid: str) -> bool:
+    """``nvidia.com/use-gpuuuid`` / ``nouse-gpuuuid``: exact (trimmed) UUID match."""
+    annotations = annotations or {}
+    use = _items(annotations.get(keys.USE_GPUUUID, ""))
+    if use and uuid not in use:
+        return False
+    return uuid not in _items(annotations.get(keys.NOUSE_GPUUUID, ""))
+
+
+def numa_bind(annotations: Mapping[str, str] | None) -> bool:
+    """``nvidia.com/numa-bind: "true"``: a container's devices must share one NUMA node."""
+    return (annotations or {}).get(keys.NUMA_BIND, "").strip().lower() == "true"
+
+
+def mode_matches(annotations: Mapping[str, str] | None, device_mode: str) -> bool:
+    """``nvidia.com/vgpu-mode``: the device passes if the value contains its mode. A device with an
+    empty mode passes any value (HAMi v2.10 behaviour)."""
+    wanted = (annotations or {}).get(keys.VGPU_MODE, "")
+    if not wanted or not device_mode:
+        return True
+    return device_mode in wanted
+
+
+def node_scheduler_policy(annotations: Mapping[str, str] | None, default: str = DEFAULT_NODE_POLICY) -> str:
+    """``hami.io/node-scheduler-policy``: ``binpack`` or ``spread``; overrides the flag default."""
+    value = (annotations or {}).get(keys.NODE_SCHEDULER_POLICY, "").strip()
+    if not value:
+        return default
+    if value not in NODE_POLICIES:
+        raise ProtocolError(f"annotation {keys.NODE_SCHEDULER_POLICY}={quote(value)}: "
+                            f"expected one of {', '.join(NODE_POLICIES)}")
+    return value
+
+
+def gpu_scheduler_policy(annotations: Mapping[str, str] | None,
+                         default: str = DEFAULT_GPU_POLICY) -> tuple[str, ...]:
+    """``hami.io/gpu-scheduler-policy``: one policy or a comma chain (e.g. ``binpack,numa``)."""
+    value = (annotations or {}).get(keys.GPU_SCHEDULER_POLICY, "").strip() or default
+    chain = tuple(p.strip() for p in value.split(","))
+    for p in chain:
+        if p not in GPU_POLICIES:
+            raise ProtocolError(f"annotation {keys.GPU_SCHEDULER_POLICY}={quote(value)}: policy {p!r} "
+                                f"is not one of {', '.join(GPU_POLICIES)}")
+    return chain
+
+
+@dataclass(frozen=True)
+class ScoringWeights:
+    """``hami.io/device-scoring-weights``; default 1,1,1."""
+
+    slot: int = 1
+    core: int = 1
+    memory: int = 1
+
+    def encode(self) -> str:
+        return f"slot={self.slot},core={self.core},memory={self.memory}"
+
+
+_WEIGHT_RE = re.compile(r"^\s*(slot|core|memory)\s*=\s*(\d{1,9})\s*$")
+
+
+def parse_scoring_weights(value: str | None) -> ScoringWeights:
+    """``slot=<int>,core=<int>,memory=<int>``: all three required, non-negative, at least one > 0.
+    None/empty → the default weights."""
+    if value is None or not value.strip():
+        return ScoringWeights()
+    found: dict[str, int] = {}
+    for part in value.split(","):
+        m = _WEIGHT_RE.match(part)
+        if not m:
+            raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {quote(part)} is not "
+                                "'<slot|core|memory>=<non-negative int>'")
+        if m.group(1) in found:
+            raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {m.group(1)!r} given twice "
+                                f"in {quote(value)}")
+        found[m.group(1)] = int(m.group(2))
+    missing = [k for k in ("slot", "core", "memory") if k not in found]
+    if missing:
+        raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}={quote(value)}: missing "
+                            f"{', '.join(missing)} (all of slot, core, memory are required)")
+    if not any(found.values()):
+        raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}={quote(value)}: at least one "
+                            "weight must be > 0")
+    return ScoringWeights(**found)
+
+
+def parse_device_cordon(value: str | None) -> frozenset[str]:
+    """``hami.io/device-cordon``: comma-separated GPU UUIDs excluded from new allocations."""
+    return frozenset(_items(value or ""))
