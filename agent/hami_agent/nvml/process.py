@@ -1,0 +1,143 @@
+"""Parent side of the NVML worker: spawn it, read its JSON lines, kill and abandon it when stuck."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hami_agent import log
+
+logger = logging.getLogger(__name__)
+
+# The package root (…/agent) so the worker can import hami_agent even from a source checkout.
+_PKG_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class InFlight:
+    fn: str
+    started: float  # time.monotonic()
+    limit: float
+
+
+@dataclass
+class WorkerProcess:
+    """One worker process. Not thread-safe: owned by one supervisor thread (or one caller)."""
+
+    mode: str = "once"
+    lib_path: str | None = None
+    refresh_s: float = 10.0
+    call_limit_s: float = 5.0
+    events: bool = False
+    event_wait_ms: int = 1000
+    proc: subprocess.Popen[bytes] | None = None
+    messages: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
+    inflight: dict[int, InFlight] = field(default_factory=dict)
+    last_fn: str | None = None
+    durations: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "hami_agent.nvml.worker", "--mode", self.mode,
+               "--refresh", str(self.refresh_s), "--call-limit", str(self.call_limit_s),
+               "--events", "1" if self.events else "0", "--event-wait-ms", str(self.event_wait_ms)]
+        if self.lib_path:
+            cmd += ["--lib", self.lib_path]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # fork+exec of a fresh interpreter (never a bare fork of our threaded process); own session so
+        # a terminal's Ctrl-C goes to us, and we decide the worker's fate.
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                     env=env, close_fds=True, start_new_session=True)
+        log.v(logger, 4, "started NVML worker pid %d (%s)", self.proc.pid, self.mode)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True,
+                         name=f"nvml-worker-{self.proc.pid}").start()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                logger.warning("NVML worker %d wrote a line that is not JSON: %r", proc.pid, raw[:200])
+                continue
+            self.messages.put(msg)
+        self.messages.put(None)  # EOF: the worker exited (or closed stdout)
+
+    def next_message(self, timeout: float) -> tuple[bool, dict[str, Any] | None]:
+        """(got, msg): got=False on timeout; msg=None means the worker's output ended."""
+        try:
+            msg = self.messages.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return False, None
+        if msg is not None:
+            self._track(msg)
+        return True, msg
+
+    def _track(self, msg: dict[str, Any]) -> None:
+        t = msg.get("t")
+        if t == "begin":
+            self.inflight[int(msg["k"])] = InFlight(str(msg["fn"]), time.monotonic(), float(msg["limit"]))
+            self.last_fn = str(msg["fn"])
+        elif t == "end":
+            self.inflight.pop(int(msg["k"]), None)
+            self.durations[str(msg["fn"])] = float(msg.get("s", 0.0))
+
+    def overdue(self, now: float | None = None) -> InFlight | None:
+        """The first in-flight call past its deadline, if any."""
+        now = time.monotonic() if now is None else now
+        for call in self.inflight.values():
+            if now - call.started > call.limit:
+                return call
+        return None
+
+    def oldest_inflight(self) -> InFlight | None:
+        return min(self.inflight.values(), key=lambda c: c.started, default=None)
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def kill(self) -> None:
+        """SIGKILL and forget: a process stuck in the driver may never die, so never wait for it."""
+        if not self.proc or self.proc.poll() is not None:
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Ask politely (stdin EOF), then SIGKILL after ``grace_s``; waits at most ``grace_s``."""
+        if not self.proc or self.proc.poll() is not None:
+            return
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def reaped(self) -> bool:
+        """Non-blocking reap (waitpid WNOHANG); True once the process is gone."""
+        return self.proc is None or self.proc.poll() is not None

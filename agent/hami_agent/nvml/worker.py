@@ -1,0 +1,341 @@
+"""NVML worker: the ONLY process that calls into libnvidia-ml. Run as ``python -m hami_agent.nvml.worker``.
+
+Why a separate process: a thread blocked inside an NVML call (the R570 init hang of seed 003) can never
+be cancelled; a process can be abandoned. The parent (``supervisor``/``inventory``) reads this worker's
+stdout, one JSON object per line:
+
+  {"t": "begin", "k": 7, "fn": "nvmlInit", "limit": 5.0}     an NVML call starts (deadline: limit s)
+  {"t": "end", "k": 7, "fn": "nvmlInit", "s": 0.0012}         it returned after s seconds
+  {"t": "inventory", "data": {...}}                            a full inventory (see ``collect``)
+  {"t": "event", "index": 3, "uuid": "GPU-...", "xid": 79, "gi": null, "ci": null}
+  {"t": "error", "fn": "...", "code": 9, "msg": "nvml Init err: Driver Not Loaded", "fatal": true}
+  {"t": "bye"}
+
+The worker exits when its stdin reaches EOF (parent gone), so it never outlives the agent unless it is
+stuck in the driver, where nothing can end it anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hami_agent.nvml.errors import phrase_for
+from hami_agent.nvml.model import mig_profile_name
+
+LIB_ENV = "HAMI_NVML_LIBRARY"
+SYSFS_ROOT_ENV = "HAMI_SYSFS_ROOT"
+
+
+class Channel:
+    """Line-oriented JSON writer shared by the worker's threads."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        line = json.dumps(msg, separators=(",", ":"))
+        with self._lock:
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                os._exit(0)  # parent went away
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+
+class Nvml:
+    """pynvml with every call announced to the parent (begin/end), so it can enforce deadlines."""
+
+    def __init__(self, chan: Channel, call_limit_s: float) -> None:
+        import pynvml
+
+        self.pynvml = pynvml
+        self.chan = chan
+        self.call_limit_s = call_limit_s
+
+    def call(self, fn: str, func: Any, *args: Any, limit: float | None = None) -> Any:
+        k = self.chan.next_id()
+        self.chan.send({"t": "begin", "k": k, "fn": fn, "limit": limit or self.call_limit_s})
+        t0 = time.monotonic()
+        try:
+            return func(*args)
+        finally:
+            self.chan.send({"t": "end", "k": k, "fn": fn, "s": round(time.monotonic() - t0, 6)})
+
+
+def load_library(pynvml: Any, lib_path: str | None) -> None:
+    """Point pynvml at ``lib_path`` (pynvml skips its own dlopen when ``nvmlLib`` is already set)."""
+    if not lib_path:
+        return
+    if not Path(lib_path).exists():
+        raise FileNotFoundError(f"NVML library {lib_path} does not exist")
+    pynvml.nvmlLib = ctypes.CDLL(lib_path)
+
+
+def sysfs_numa_node(pci_bus_id: str, sysfs_root: str = "/sys") -> int | None:
+    """Raw ``/sys/bus/pci/devices/<bdf>/numa_node`` of a GPU (HAMi's source), None when absent/unreadable.
+
+    NVML's bus id has an 8-digit domain and upper-case hex; sysfs uses a 4-digit domain, lower case.
+    """
+    bdf = sysfs_bus_id(pci_bus_id)
+    try:
+        return int((Path(sysfs_root) / "bus/pci/devices" / bdf / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def numa_from_sysfs(pci_bus_id: str, sysfs_root: str = "/sys") -> int | None:
+    """NUMA node for the model: None when unknown (file absent, or negative = no NUMA affinity)."""
+    value = sysfs_numa_node(pci_bus_id, sysfs_root)
+    return value if value is not None and value >= 0 else None
+
+
+def sysfs_bus_id(pci_bus_id: str) -> str:
+    domain, rest = pci_bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _err_text(exc: Exception) -> str:
+    try:
+        return str(exc)
+    except Exception:  # pynvml's __str__ calls into NVML itself
+        return repr(exc)
+
+
+class Collector:
+    def __init__(self, nv: Nvml, sysfs_root: str) -> None:
+        self.nv = nv
+        self.sysfs_root = sysfs_root
+
+    def system(self) -> dict[str, Any]:
+        p = self.nv.pynvml
+        out: dict[str, Any] = {"driver_version": None, "cuda_driver_version": None}
+        try:
+            out["driver_version"] = self.nv.call("nvmlSystemGetDriverVersion", p.nvmlSystemGetDriverVersion)
+        except p.NVMLError:
+            pass
+        try:
+            out["cuda_driver_version"] = self.nv.call(
+                "nvmlSystemGetCudaDriverVersion_v2", p.nvmlSystemGetCudaDriverVersion_v2)
+        except p.NVMLError:
+            pass
+        return out
+
+    def inventory(self) -> dict[str, Any]:
+        p = self.nv.pynvml
+        data = self.system()
+        count = self.nv.call("nvmlDeviceGetCount", p.nvmlDeviceGetCount)
+        data["gpus"] = [self.gpu(i) for i in range(count)]
+        return data
+
+    def gpu(self, index: int) -> dict[str, Any]:
+        p, nv = self.nv.pynvml, self.nv
+        g: dict[str, Any] = {"index": index}
+        try:
+            h = nv.call("nvmlDeviceGetHandleByIndex", p.nvmlDeviceGetHandleByIndex, index)
+            g["uuid"] = nv.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, h)
+            g["name"] = nv.call("nvmlDeviceGetName", p.nvmlDeviceGetName, h)
+            g["pci_bus_id"] = nv.call("nvmlDeviceGetPciInfo_v3", p.nvmlDeviceGetPciInfo_v3, h).busId
+            if isinstance(g["pci_bus_id"], bytes):
+                g["pci_bus_id"] = g["pci_bus_id"].decode()
+            g["memory_mib"] = None
+            try:
+                mem = nv.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, h)
+                g["memory_mib"] = int(mem.total) // (1024 * 1024)
+            except p.NVMLError_NotSupported:
+                g["memory_not_supported"] = True
+            raw_numa = sysfs_numa_node(g["pci_bus_id"], self.sysfs_root)
+            g["numa"] = raw_numa if raw_numa is not None and raw_numa >= 0 else None
+            if raw_numa is None:  # no sysfs entry (simulated node, odd container): ask NVML
+                try:
+                    node = nv.call("nvmlDeviceGetNumaNodeId", p.nvmlDeviceGetNumaNodeId, h)
+                    g["numa"] = node if node >= 0 else None
+                except (p.NVMLError_NotSupported, p.NVMLError_FunctionNotFound):
+                    pass
+            g.update(mig_capable=False, mig_enabled=False, mig_pending=False, mig_devices=[])
+            try:
+                current, pending = nv.call("nvmlDeviceGetMigMode", p.nvmlDeviceGetMigMode, h)
+                g.update(mig_capable=True, mig_enabled=current == 1, mig_pending=pending == 1)
+            except p.NVMLError_NotSupported:
+                pass
+            if g["mig_enabled"]:
+                g["mig_devices"] = self.mig_devices(h, g["memory_mib"])
+        except p.NVMLError_GpuIsLost:
+            g["lost"] = True
+        except p.NVMLError as exc:
+            g["error"] = _err_text(exc)
+        return g
+
+    def mig_devices(self, h: Any, total_mib: int | None) -> list[dict[str, Any]]:
+        p, nv = self.nv.pynvml, self.nv
+        out = []
+        count = nv.call("nvmlDeviceGetMaxMigDeviceCount", p.nvmlDeviceGetMaxMigDeviceCount, h)
+        for i in range(count):
+            try:
+                m = nv.call("nvmlDeviceGetMigDeviceHandleByIndex",
+                            p.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+            except (p.NVMLError_NotFound, p.NVMLError_InvalidArgument):
+                continue  # empty slot (go-nvlib skips both codes too)
+            uuid = nv.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, m)
+            name = nv.call("nvmlDeviceGetName", p.nvmlDeviceGetName, m)
+            try:
+                attrs = nv.call("nvmlDeviceGetAttributes_v2", p.nvmlDeviceGetAttributes_v2, m)
+                mem, slices = int(attrs.memorySizeMB), int(attrs.gpuInstanceSliceCount)
+            except (p.NVMLError_NotSupported, p.NVMLError_FunctionNotFound):
+                # older drivers: memory from the MIG handle, slices from the name ("... MIG 3g.48gb")
+                info = nv.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo, m)
+                mem, slices = int(info.total) // (1024 * 1024), _slices_from_name(name)
+            out.append({
+                "index": i,
+                "uuid": uuid,
+                "profile": mig_profile_name(slices, total_mib, mem, name),
+                "memory_mib": mem,
+                "gi_id": nv.call("nvmlDeviceGetGpuInstanceId", p.nvmlDeviceGetGpuInstanceId, m),
+                "ci_id": nv.call("nvmlDeviceGetComputeInstanceId", p.nvmlDeviceGetComputeInstanceId, m),
+            })
+        return out
+
+
+def _slices_from_name(name: str) -> int:
+    profile = name.rsplit(" MIG ", 1)[-1]
+    digits = profile.split("g.", 1)[0]
+    return int(digits) if digits.isdigit() else 1
+
+
+def watch_events(nv: Nvml, chan: Channel, wait_ms: int, stop: threading.Event) -> None:
+    """Forward XID critical errors to the parent (the parent applies the ignore list)."""
+    p = nv.pynvml
+    try:
+        es = nv.call("nvmlEventSetCreate", p.nvmlEventSetCreate)
+        count = nv.call("nvmlDeviceGetCount", p.nvmlDeviceGetCount)
+        registered: dict[int, str] = {}
+        for i in range(count):
+            try:
+                h = nv.call("nvmlDeviceGetHandleByIndex", p.nvmlDeviceGetHandleByIndex, i)
+                uuid = nv.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, h)
+                supported = nv.call("nvmlDeviceGetSupportedEventTypes", p.nvmlDeviceGetSupportedEventTypes, h)
+                if not supported & p.nvmlEventTypeXidCriticalError:
+                    raise p.NVMLError(p.NVML_ERROR_NOT_SUPPORTED)
+                nv.call("nvmlDeviceRegisterEvents", p.nvmlDeviceRegisterEvents, h,
+                        p.nvmlEventTypeXidCriticalError, es)
+                registered[i] = uuid
+            except p.NVMLError_NotSupported:
+                chan.send({"t": "error", "fn": "nvmlDeviceRegisterEvents", "code": 3, "fatal": False,
+                           "msg": f"GPU {i} is too old to support healthchecking"})
+            except p.NVMLError_GpuIsLost:
+                continue
+        while not stop.is_set():
+            try:
+                data = nv.call("nvmlEventSetWait_v2", p.nvmlEventSetWait_v2, es, wait_ms,
+                               limit=wait_ms / 1000.0 + nv.call_limit_s)
+            except p.NVMLError_Timeout:
+                continue
+            except p.NVMLError as exc:
+                chan.send({"t": "error", "fn": "nvmlEventSetWait", "code": getattr(exc, "value", None),
+                           "fatal": False, "msg": f"nvml EventSetWait err: {_err_text(exc)}"})
+                stop.wait(1.0)
+                continue
+            index = None
+            try:
+                index = nv.call("nvmlDeviceGetIndex", p.nvmlDeviceGetIndex, data.device)
+            except p.NVMLError:
+                pass
+            na = p.NVML_VALUE_NOT_AVAILABLE_uint.value
+            chan.send({
+                "t": "event", "index": index, "uuid": registered.get(index) if index is not None else None,
+                "xid": int(data.eventData),
+                "gi": None if data.gpuInstanceId == na else int(data.gpuInstanceId),
+                "ci": None if data.computeInstanceId == na else int(data.computeInstanceId),
+            })
+    except p.NVMLError as exc:
+        chan.send({"t": "error", "fn": "nvmlEventSetCreate", "code": getattr(exc, "value", None),
+                   "fatal": False, "msg": f"nvml health check disabled: {_err_text(exc)}"})
+
+
+def _exit_on_stdin_eof() -> None:
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hami_agent.nvml.worker")
+    ap.add_argument("--mode", choices=["once", "watch"], default="once")
+    ap.add_argument("--lib", default=None)
+    ap.add_argument("--refresh", type=float, default=10.0)
+    ap.add_argument("--call-limit", type=float, default=5.0)
+    ap.add_argument("--events", type=int, default=1)
+    ap.add_argument("--event-wait-ms", type=int, default=1000)
+    args = ap.parse_args(argv)
+
+    # Our protocol owns fd 1; anything else printing to stdout (a library) goes to stderr instead.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    chan = Channel(proto)
+    threading.Thread(target=_exit_on_stdin_eof, daemon=True, name="stdin-eof").start()
+
+    try:
+        nv = Nvml(chan, args.call_limit)
+    except ImportError as exc:
+        chan.send({"t": "error", "fn": "nvmlInit", "code": None, "fatal": True,
+                   "msg": f"nvml Init err: pynvml (nvidia-ml-py) is not installed: {exc}"})
+        return 1
+    p = nv.pynvml
+    lib = args.lib or os.environ.get(LIB_ENV) or None
+    try:
+        load_library(p, lib)
+    except OSError as exc:
+        chan.send({"t": "error", "fn": "nvmlInit", "code": p.NVML_ERROR_LIBRARY_NOT_FOUND, "fatal": True,
+                   "msg": f"nvml Init err: cannot load NVML library {lib}: {exc}"})
+        return 1
+    try:
+        nv.call("nvmlInit", p.nvmlInit)
+    except p.NVMLError as exc:
+        where = f" ({lib})" if lib else ""
+        chan.send({"t": "error", "fn": "nvmlInit", "code": getattr(exc, "value", None), "fatal": True,
+                   "msg": f"nvml Init err: {_err_text(exc)}{where}"})
+        return 1
+
+    collector = Collector(nv, os.environ.get(SYSFS_ROOT_ENV) or "/sys")
+    stop = threading.Event()
+    if args.mode == "watch" and args.events:
+        threading.Thread(target=watch_events, args=(nv, chan, args.event_wait_ms, stop), daemon=True,
+                         name="nvml-events").start()
+    while True:
+        try:
+            chan.send({"t": "inventory", "data": collector.inventory()})
+        except p.NVMLError as exc:
+            fn = "nvmlDeviceGetCount"
+            chan.send({"t": "error", "fn": fn, "code": getattr(exc, "value", None), "fatal": True,
+                       "msg": f"{phrase_for(fn)}: {_err_text(exc)}"})
+            return 1
+        if args.mode == "once":
+            break
+        time.sleep(args.refresh)
+    stop.set()
+    try:
+        nv.call("nvmlShutdown", p.nvmlShutdown)
+    except p.NVMLError:
+        pass
+    chan.send({"t": "bye"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

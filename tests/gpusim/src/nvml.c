@@ -1,0 +1,1070 @@
+/*
+ * gpusim libnvidia-ml.so.1: a SIMULATED NVML. No GPU, no driver: every answer comes from the state
+ * file ($GPUSIM_STATE, default /etc/gpusim/state.json; schema in tests/gpusim/README.md).
+ *
+ * Behaves like the real library where our agent depends on it: same symbols (the versioned names
+ * pynvml resolves), same struct layouts and return codes, reference-counted init, handles that stay
+ * valid across calls, NOT_SUPPORTED / GPU_IS_LOST per device, XID events through event sets, and
+ * hangs that block inside the call forever, as the real driver does in the seed-003 incident.
+ *
+ * Thread safety: one mutex guards the state; a hanging call releases it before blocking, so other
+ * threads behave like they would against a driver stuck on one ioctl (they may hang too if faulted).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "nvml_sim.h"
+#include "state.h"
+
+#define DEFAULT_STATE_PATH "/etc/gpusim/state.json"
+#define MIB (1024ULL * 1024ULL)
+
+/* NVIDIA's list for the NVML init hang on nodes mixing MIG slices and full GPUs. */
+static const char *const known_bad_drivers[] = {"570.124.06", "570.133.20", "570.148.08", "570.158.01"};
+
+struct gs_handle {
+    int gpu;
+    int mig; /* -1: the full GPU */
+};
+
+struct gs_event_set {
+    unsigned magic;
+    unsigned long long mask[GS_MAX_GPUS];
+};
+#define EVENT_SET_MAGIC 0x65767473u
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static gs_state *cur;          /* last good state; NULL until one loaded */
+static struct stat cur_stat;   /* identity of the file cur was read from */
+static char last_error[512];   /* last load error reported on stderr (reported once per change) */
+static int init_refcount;
+static unsigned long long call_count;
+static unsigned long long delivered_seq[GS_MAX_GPUS]; /* XID events are delivered once per process */
+
+static struct gs_handle gpu_handles[GS_MAX_GPUS];
+static struct gs_handle mig_handles[GS_MAX_GPUS][GS_MAX_MIG];
+static pthread_once_t handles_once = PTHREAD_ONCE_INIT;
+
+static void init_handles(void)
+{
+    for (int i = 0; i < GS_MAX_GPUS; i++) {
+        gpu_handles[i].gpu = i;
+        gpu_handles[i].mig = -1;
+        for (int j = 0; j < GS_MAX_MIG; j++) {
+            mig_handles[i][j].gpu = i;
+            mig_handles[i][j].mig = j;
+        }
+    }
+}
+
+static const char *state_path(void)
+{
+    const char *p = getenv("GPUSIM_STATE");
+    return (p && *p) ? p : DEFAULT_STATE_PATH;
+}
+
+static void report_error(const char *msg)
+{
+    if (strcmp(msg, last_error)) {
+        snprintf(last_error, sizeof(last_error), "%s", msg);
+        fprintf(stderr, "gpusim: %s\n", msg);
+        fflush(stderr);
+    }
+}
+
+static void free_state(gs_state *st)
+{
+    if (st) {
+        js_free(st->tree);
+        free(st);
+    }
+}
+
+/* Re-read the state file if it changed. Caller holds the lock. Returns 0 when a state is usable. */
+static int refresh_state(void)
+{
+    const char *path = state_path();
+    struct stat sb;
+    char msg[480];
+    if (stat(path, &sb)) {
+        snprintf(msg, sizeof(msg), "cannot read state file %s: %s (set GPUSIM_STATE or run `gpusim init`)",
+                 path, strerror(errno));
+        report_error(msg);
+        return cur ? 0 : -1;
+    }
+    if (cur && sb.st_ino == cur_stat.st_ino && sb.st_dev == cur_stat.st_dev && sb.st_size == cur_stat.st_size &&
+        sb.st_mtim.tv_sec == cur_stat.st_mtim.tv_sec && sb.st_mtim.tv_nsec == cur_stat.st_mtim.tv_nsec)
+        return 0;
+
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(msg, sizeof(msg), "cannot read state file %s: %s", path, strerror(errno));
+        report_error(msg);
+        return cur ? 0 : -1;
+    }
+    size_t cap = (size_t)sb.st_size + 1, len = 0;
+    char *text = malloc(cap + 1);
+    if (!text) {
+        fclose(f);
+        return cur ? 0 : -1;
+    }
+    size_t n;
+    while ((n = fread(text + len, 1, cap - len, f)) > 0) {
+        len += n;
+        if (len == cap) {
+            char *bigger = realloc(text, cap * 2 + 1);
+            if (!bigger)
+                break;
+            text = bigger;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    text[len] = '\0';
+
+    char err[256];
+    js *doc = js_parse(text, err, sizeof(err));
+    free(text);
+    gs_state *st = NULL;
+    if (!doc) {
+        snprintf(msg, sizeof(msg), "state file %s is not valid JSON (%s)", path, err);
+    } else {
+        st = malloc(sizeof(*st));
+        if (st && gs_state_from_json(doc, st, err, sizeof(err))) {
+            snprintf(msg, sizeof(msg), "state file %s is invalid: %s", path, err);
+            free(st);
+            st = NULL;
+        }
+    }
+    if (!st) {
+        js_free(doc);
+        report_error(msg);
+        return cur ? 0 : -1;
+    }
+    free_state(cur);
+    cur = st;
+    cur_stat = sb;
+    last_error[0] = '\0';
+    return 0;
+}
+
+static void hang_forever(void)
+{
+    /* Like a process stuck in the driver: never returns. Signals with handlers wake pause() and we
+     * go back to sleep; default-action signals (SIGTERM, SIGKILL) end the process. */
+    for (;;)
+        pause();
+}
+
+/* "nvmlDeviceGetMemoryInfo_v2" and "nvmlDeviceGetMemoryInfo" name the same call for fault matching;
+ * every init variant is "nvmlInit". */
+static void canonical(const char *name, char *out, size_t n)
+{
+    if (!strncmp(name, "nvmlInit", 8)) {
+        snprintf(out, n, "nvmlInit");
+        return;
+    }
+    snprintf(out, n, "%s", name);
+    char *v = strrchr(out, '_');
+    if (v && v[1] == 'v' && v[2] >= '0' && v[2] <= '9')
+        *v = '\0';
+}
+
+static int listed(const char *fn, char names[][64], int n)
+{
+    char a[80], b[80];
+    canonical(fn, a, sizeof(a));
+    for (int i = 0; i < n; i++) {
+        canonical(names[i], b, sizeof(b));
+        if (!strcmp(a, b))
+            return 1;
+    }
+    return 0;
+}
+
+static int hang_requested(const char *fn)
+{
+    if (cur->hang_after_calls >= 0 && call_count > (unsigned long long)cur->hang_after_calls)
+        return 1;
+    return listed(fn, cur->hangfn, cur->nhangfn);
+}
+
+/* Entry of every call: takes the lock, refreshes the state, counts the call, applies hang faults.
+ * On NVML_SUCCESS the lock is held and must be released with leave(). */
+static nvmlReturn_t enter(const char *fn, int need_init)
+{
+    pthread_once(&handles_once, init_handles);
+    pthread_mutex_lock(&lock);
+    if (refresh_state()) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_UNKNOWN;
+    }
+    call_count++;
+    if (hang_requested(fn)) {
+        pthread_mutex_unlock(&lock);
+        hang_forever();
+    }
+    if (need_init && init_refcount == 0) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    if (need_init && listed(fn, cur->unsupported, cur->nunsupported)) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t leave(nvmlReturn_t ret)
+{
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+#define BEGIN(name)                                   \
+    nvmlReturn_t ret__ = enter(name, 1);              \
+    if (ret__ != NVML_SUCCESS)                        \
+        return ret__
+#define END(r) return leave(r)
+
+/* Resolve a handle against the current state. */
+static nvmlReturn_t resolve(nvmlDevice_t h, gs_gpu **g, gs_mig **m)
+{
+    if (!h)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int is_gpu = h >= &gpu_handles[0] && h < &gpu_handles[GS_MAX_GPUS];
+    int is_mig = h >= &mig_handles[0][0] && h < &mig_handles[0][0] + GS_MAX_GPUS * GS_MAX_MIG;
+    if (!is_gpu && !is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (h->gpu >= cur->ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *g = &cur->gpu[h->gpu];
+    *m = NULL;
+    if (h->mig >= 0) {
+        gs_mig *mig = &(*g)->mig[h->mig];
+        if ((*g)->mig_current != 1 || !mig->present)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        *m = mig;
+    }
+    if ((*g)->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    return NVML_SUCCESS;
+}
+
+#define RESOLVE(h, g, m)                           \
+    gs_gpu *g;                                     \
+    gs_mig *m;                                     \
+    {                                              \
+        nvmlReturn_t r__ = resolve((h), &g, &m);   \
+        if (r__ != NVML_SUCCESS)                   \
+            END(r__);                              \
+    }                                              \
+    (void)m
+
+static nvmlReturn_t copy_out(char *dst, unsigned len, const char *src)
+{
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+static int is_mixed_mig(void)
+{
+    int mig = 0, full = 0;
+    for (int i = 0; i < cur->ngpus; i++) {
+        if (cur->gpu[i].mig_current == 1)
+            mig = 1;
+        else
+            full = 1;
+    }
+    return mig && full;
+}
+
+static int known_bad_driver(void)
+{
+    for (size_t i = 0; i < sizeof(known_bad_drivers) / sizeof(known_bad_drivers[0]); i++)
+        if (!strcmp(cur->driver_version, known_bad_drivers[i]))
+            return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ init / shutdown / errors */
+
+NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    nvmlReturn_t r = enter("nvmlInitWithFlags", 0);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!cur->driver_loaded)
+        return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (cur->init_hang || (cur->known_bad_driver_hang && known_bad_driver() && is_mixed_mig())) {
+        pthread_mutex_unlock(&lock);
+        hang_forever();
+    }
+    if (cur->module_version[0] && strcmp(cur->module_version, cur->driver_version))
+        return leave(NVML_ERROR_LIB_RM_VERSION_MISMATCH);
+    init_refcount++;
+    return leave(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    BEGIN("nvmlShutdown");
+    init_refcount--;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE: return "Interrupt request issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources for request";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_DEPRECATED: return "Deprecated";
+    case NVML_ERROR_NOT_READY: return "Not Ready";
+    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
+    case NVML_ERROR_INVALID_STATE: return "Invalid state";
+    default: return "Unknown Error";
+    }
+}
+
+/* ------------------------------------------------------------------ system */
+
+NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    BEGIN("nvmlSystemGetDriverVersion");
+    END(copy_out(version, length, cur->driver_version));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    BEGIN("nvmlSystemGetNVMLVersion");
+    END(copy_out(version, length, cur->nvml_version));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
+{
+    BEGIN("nvmlSystemGetCudaDriverVersion");
+    if (!v)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *v = cur->cuda_driver_version;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v)
+{
+    return nvmlSystemGetCudaDriverVersion(v);
+}
+
+/* ------------------------------------------------------------------ device enumeration */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
+{
+    BEGIN("nvmlDeviceGetCount_v2");
+    if (!count)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *count = (unsigned)cur->ngpus;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count)
+{
+    return nvmlDeviceGetCount_v2(count);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    BEGIN("nvmlDeviceGetHandleByIndex_v2");
+    if (!device || index >= (unsigned)cur->ngpus)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &gpu_handles[index];
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    BEGIN("nvmlDeviceGetHandleByUUID");
+    if (!uuid || !device)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < cur->ngpus; i++) {
+        gs_gpu *g = &cur->gpu[i];
+        if (!strcmp(g->uuid, uuid)) {
+            *device = &gpu_handles[i];
+            END(g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS);
+        }
+        if (g->mig_current != 1)
+            continue;
+        for (int j = 0; j < GS_MAX_MIG; j++) {
+            if (g->mig[j].present && !strcmp(g->mig[j].uuid, uuid)) {
+                *device = &mig_handles[i][j];
+                END(g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS);
+            }
+        }
+    }
+    END(NVML_ERROR_NOT_FOUND);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *busId, nvmlDevice_t *device)
+{
+    BEGIN("nvmlDeviceGetHandleByPciBusId_v2");
+    unsigned d, b, dev, fn = 0;
+    if (!busId || !device || sscanf(busId, "%x:%x:%x.%x", &d, &b, &dev, &fn) < 3)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < cur->ngpus; i++) {
+        gs_gpu *g = &cur->gpu[i];
+        if (g->domain == d && g->bus == b && g->device == dev && g->function == fn) {
+            *device = &gpu_handles[i];
+            END(g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS);
+        }
+    }
+    END(NVML_ERROR_NOT_FOUND);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *busId, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(busId, device);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    BEGIN("nvmlDeviceGetIndex");
+    RESOLVE(device, g, m);
+    if (!index || m)
+        END(m ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT);
+    *index = (unsigned)device->gpu;
+    END(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ identity */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    BEGIN("nvmlDeviceGetName");
+    RESOLVE(device, g, m);
+    if (m) {
+        char buf[160];
+        snprintf(buf, sizeof(buf), "%s MIG %s", g->name, m->profile);
+        END(copy_out(name, length, buf));
+    }
+    END(copy_out(name, length, g->name));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    BEGIN("nvmlDeviceGetUUID");
+    RESOLVE(device, g, m);
+    END(copy_out(uuid, length, m ? m->uuid : g->uuid));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    BEGIN("nvmlDeviceGetSerial");
+    RESOLVE(device, g, m);
+    END(copy_out(serial, length, g->serial));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
+{
+    BEGIN("nvmlDeviceGetMinorNumber");
+    RESOLVE(device, g, m);
+    if (!minor)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = g->minor;
+    END(NVML_SUCCESS);
+}
+
+static void fill_pci(const gs_gpu *g, nvmlPciInfo_t *pci)
+{
+    memset(pci, 0, sizeof(*pci));
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.%X", g->domain & 0xFFFF, g->bus,
+             g->device, g->function);
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.%X", g->domain, g->bus, g->device, g->function);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsystem_id;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    BEGIN("nvmlDeviceGetPciInfo_v3");
+    RESOLVE(device, g, m);
+    if (!pci)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    fill_pci(g, pci);
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, int *node)
+{
+    BEGIN("nvmlDeviceGetNumaNodeId");
+    RESOLVE(device, g, m);
+    if (!node)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->numa_node < 0)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *node = g->numa_node;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    BEGIN("nvmlDeviceGetCudaComputeCapability");
+    RESOLVE(device, g, m);
+    if (!major || !minor)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
+{
+    BEGIN("nvmlDeviceGetArchitecture");
+    RESOLVE(device, g, m);
+    if (!arch)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *arch = g->architecture;
+    END(NVML_SUCCESS);
+}
+
+static unsigned cores_per_sm(const gs_gpu *g)
+{
+    return g->architecture == 7 ? 64 : 128; /* GA100 has 64 FP32 cores per SM; Hopper/Ada 128 */
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t device, unsigned int *n)
+{
+    BEGIN("nvmlDeviceGetNumGpuCores");
+    RESOLVE(device, g, m);
+    if (!n)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *n = (m ? m->sm_count : g->cores) * cores_per_sm(g);
+    END(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ memory */
+
+static unsigned long long mig_used_mib(const gs_gpu *g, const gs_mig *m)
+{
+    unsigned long long used = 0;
+    for (int i = 0; i < g->nproc; i++)
+        if (g->proc[i].gi_id == m->gi_id)
+            used += g->proc[i].used_mib;
+    return used;
+}
+
+static nvmlReturn_t memory_of(gs_gpu *g, gs_mig *m, unsigned long long *total, unsigned long long *used)
+{
+    if (m) {
+        *total = m->memory_mib * MIB;
+        *used = mig_used_mib(g, m) * MIB;
+        return NVML_SUCCESS;
+    }
+    if (!g->memory_info_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *total = g->memory_total_mib * MIB;
+    *used = g->memory_used_mib * MIB;
+    if (*used > *total)
+        *used = *total;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    BEGIN("nvmlDeviceGetMemoryInfo");
+    RESOLVE(device, g, m);
+    if (!memory)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long total, used;
+    nvmlReturn_t r = memory_of(g, m, &total, &used);
+    if (r != NVML_SUCCESS)
+        END(r);
+    memory->total = total;
+    memory->used = used;
+    memory->free = total - used;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    BEGIN("nvmlDeviceGetMemoryInfo_v2");
+    RESOLVE(device, g, m);
+    if (!memory)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (memory->version != nvmlMemory_v2)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned long long total, used;
+    nvmlReturn_t r = memory_of(g, m, &total, &used);
+    if (r != NVML_SUCCESS)
+        END(r);
+    memory->total = total;
+    memory->reserved = 0;
+    memory->used = used;
+    memory->free = total - used;
+    END(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ modes and telemetry */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
+{
+    BEGIN("nvmlDeviceGetComputeMode");
+    RESOLVE(device, g, m);
+    if (!mode)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *mode = (nvmlComputeMode_t)g->compute_mode;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode)
+{
+    BEGIN("nvmlDeviceGetPersistenceMode");
+    RESOLVE(device, g, m);
+    if (!mode)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *mode = g->persistence_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util)
+{
+    BEGIN("nvmlDeviceGetUtilizationRates");
+    RESOLVE(device, g, m);
+    if (!util)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m || g->mig_current == 1) /* nvidia-smi shows N/A for MIG-enabled GPUs */
+        END(NVML_ERROR_NOT_SUPPORTED);
+    util->gpu = g->util_gpu;
+    util->memory = g->util_mem;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor,
+                                                  unsigned int *temp)
+{
+    BEGIN("nvmlDeviceGetTemperature");
+    RESOLVE(device, g, m);
+    if (!temp || sensor != NVML_TEMPERATURE_GPU)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *temp = g->temperature_c;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *mw)
+{
+    BEGIN("nvmlDeviceGetPowerUsage");
+    RESOLVE(device, g, m);
+    if (!mw)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *mw = g->power_mw;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *mw)
+{
+    BEGIN("nvmlDeviceGetPowerManagementLimit");
+    RESOLVE(device, g, m);
+    if (!mw)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *mw = g->power_limit_mw;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *mw)
+{
+    return nvmlDeviceGetPowerManagementLimit(device, mw);
+}
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos,
+                                      const char *fn)
+{
+    BEGIN(fn);
+    RESOLVE(device, g, m);
+    if (!count)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned n = 0;
+    for (int i = 0; i < g->nproc; i++)
+        if (!m || g->proc[i].gi_id == m->gi_id)
+            n++;
+    if (n == 0) {
+        *count = 0;
+        END(NVML_SUCCESS);
+    }
+    if (!infos || *count < n) {
+        *count = n;
+        END(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned k = 0;
+    for (int i = 0; i < g->nproc; i++) {
+        if (m && g->proc[i].gi_id != m->gi_id)
+            continue;
+        infos[k].pid = g->proc[i].pid;
+        infos[k].usedGpuMemory = g->proc[i].used_mib * MIB;
+        infos[k].gpuInstanceId = g->proc[i].gi_id;
+        infos[k].computeInstanceId = g->proc[i].ci_id;
+        k++;
+    }
+    *count = k;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                                 nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, count, infos, "nvmlDeviceGetComputeRunningProcesses_v3");
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                                 nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, count, infos, "nvmlDeviceGetComputeRunningProcesses_v2");
+}
+
+/* ------------------------------------------------------------------ MIG */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    BEGIN("nvmlDeviceGetMigMode");
+    RESOLVE(device, g, m);
+    if (!current || !pending)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m || !g->mig_capable)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *current = (unsigned)g->mig_current;
+    *pending = (unsigned)g->mig_pending;
+    END(NVML_SUCCESS);
+}
+
+/* Persist a new pending MIG mode into the state file, atomically (temp + rename, under the same
+ * advisory lock file the Python tools use). Caller holds the mutex. */
+static nvmlReturn_t write_pending(int gpu, unsigned mode)
+{
+    js *mig = js_get(js_at(js_get(cur->tree, "gpus"), (size_t)gpu), "mig");
+    if (!mig || js_set_int(mig, "pending", mode))
+        return NVML_ERROR_UNKNOWN;
+    const char *path = state_path();
+    char lockpath[4200], tmp[4200];
+    snprintf(lockpath, sizeof(lockpath), "%s.lock", path);
+    snprintf(tmp, sizeof(tmp), "%s.gpusim-%d.tmp", path, (int)getpid());
+    int lfd = open(lockpath, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (lfd >= 0)
+        flock(lfd, LOCK_EX);
+    nvmlReturn_t ret = NVML_SUCCESS;
+    FILE *f = fopen(tmp, "w");
+    if (!f || js_dump(cur->tree, f) || fclose(f) || rename(tmp, path)) {
+        if (f)
+            unlink(tmp);
+        ret = NVML_ERROR_NO_PERMISSION;
+    }
+    if (lfd >= 0) {
+        flock(lfd, LOCK_UN);
+        close(lfd);
+    }
+    if (ret == NVML_SUCCESS) {
+        cur->gpu[gpu].mig_pending = (int)mode;
+        stat(path, &cur_stat); /* our own write: no need to re-read */
+    }
+    return ret;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
+                                              nvmlReturn_t *activationStatus)
+{
+    BEGIN("nvmlDeviceSetMigMode");
+    RESOLVE(device, g, m);
+    if (!activationStatus || mode > 1)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m || !g->mig_capable)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    nvmlReturn_t r = write_pending(device->gpu, mode);
+    *activationStatus = r;
+    END(r);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMig)
+{
+    BEGIN("nvmlDeviceIsMigDeviceHandle");
+    RESOLVE(device, g, m);
+    if (!isMig)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *isMig = m ? 1 : 0;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    BEGIN("nvmlDeviceGetMaxMigDeviceCount");
+    RESOLVE(device, g, m);
+    if (!count)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (m || !g->mig_capable)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *count = g->mig_max;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                             nvmlDevice_t *migDevice)
+{
+    BEGIN("nvmlDeviceGetMigDeviceHandleByIndex");
+    RESOLVE(device, g, m);
+    if (!migDevice || m)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->mig_capable)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    if (g->mig_current != 1 || index >= g->mig_max)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->mig[index].present)
+        END(NVML_ERROR_NOT_FOUND);
+    *migDevice = &mig_handles[device->gpu][index];
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                                      nvmlDevice_t *device)
+{
+    BEGIN("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+    RESOLVE(migDevice, g, m);
+    if (!device || !m)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &gpu_handles[migDevice->gpu];
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    BEGIN("nvmlDeviceGetGpuInstanceId");
+    RESOLVE(device, g, m);
+    if (!id)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!m)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *id = m->gi_id;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    BEGIN("nvmlDeviceGetComputeInstanceId");
+    RESOLVE(device, g, m);
+    if (!id)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!m)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *id = m->ci_id;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attr)
+{
+    BEGIN("nvmlDeviceGetAttributes_v2");
+    RESOLVE(device, g, m);
+    if (!attr)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    memset(attr, 0, sizeof(*attr));
+    if (m) {
+        attr->multiprocessorCount = m->sm_count;
+        attr->gpuInstanceSliceCount = m->slices;
+        attr->computeInstanceSliceCount = m->slices;
+        attr->memorySizeMB = m->memory_mib;
+        attr->sharedCopyEngineCount = m->slices;
+        attr->sharedDecoderCount = m->slices;
+    } else {
+        attr->multiprocessorCount = g->cores;
+        attr->gpuInstanceSliceCount = 7;
+        attr->computeInstanceSliceCount = 7;
+        attr->memorySizeMB = g->memory_total_mib;
+        attr->sharedCopyEngineCount = 8;
+        attr->sharedDecoderCount = 7;
+    }
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attr)
+{
+    return nvmlDeviceGetAttributes_v2(device, attr);
+}
+
+/* ------------------------------------------------------------------ events */
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    BEGIN("nvmlEventSetCreate");
+    if (!set)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    struct gs_event_set *s = calloc(1, sizeof(*s));
+    if (!s)
+        END(NVML_ERROR_MEMORY);
+    s->magic = EVENT_SET_MAGIC;
+    *set = s;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    BEGIN("nvmlEventSetFree");
+    if (!set || set->magic != EVENT_SET_MAGIC)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    set->magic = 0;
+    free(set);
+    END(NVML_SUCCESS);
+}
+
+#define SUPPORTED_EVENTS                                                                           \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |       \
+     nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types)
+{
+    BEGIN("nvmlDeviceGetSupportedEventTypes");
+    RESOLVE(device, g, m);
+    if (!types)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    *types = SUPPORTED_EVENTS;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                                  nvmlEventSet_t set)
+{
+    BEGIN("nvmlDeviceRegisterEvents");
+    RESOLVE(device, g, m);
+    if (!set || set->magic != EVENT_SET_MAGIC || m)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (types & ~SUPPORTED_EVENTS)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    set->mask[device->gpu] |= types;
+    END(NVML_SUCCESS);
+}
+
+/* Find the lowest-seq undelivered XID event on a registered GPU. Caller holds the mutex. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data)
+{
+    int best_gpu = -1;
+    const gs_xid *best = NULL;
+    for (int i = 0; i < cur->ngpus; i++) {
+        if (!(set->mask[i] & nvmlEventTypeXidCriticalError))
+            continue;
+        const gs_gpu *g = &cur->gpu[i];
+        for (int j = 0; j < g->nxid; j++) {
+            const gs_xid *x = &g->xid[j];
+            if (x->seq > delivered_seq[i] && (!best || x->seq < best->seq)) {
+                best = x;
+                best_gpu = i;
+            }
+        }
+    }
+    if (!best)
+        return 0;
+    delivered_seq[best_gpu] = best->seq;
+    data->device = &gpu_handles[best_gpu];
+    data->eventType = nvmlEventTypeXidCriticalError;
+    data->eventData = best->xid;
+    data->gpuInstanceId = best->gi_id;
+    data->computeInstanceId = best->ci_id;
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    nvmlReturn_t r = enter("nvmlEventSetWait_v2", 1);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!set || set->magic != EVENT_SET_MAGIC || !data)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    double deadline = now_s() + timeoutms / 1000.0;
+    for (;;) {
+        if (next_event(set, data))
+            return leave(NVML_SUCCESS);
+        pthread_mutex_unlock(&lock);
+        double left = deadline - now_s();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        double step = left < 0.02 ? left : 0.02; /* poll the state file every 20 ms */
+        struct timespec ts = {0, (long)(step * 1e9)};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&lock);
+        refresh_state();
+    }
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
