@@ -153,7 +153,7 @@ class AgentSettings:
     register_retry_s: float = 5.0  # after an error (HAMi: 5 s)
     mig_apply_lock_path: str = keys.MIG_APPLY_LOCK_PATH
     hook_path: str = "/usr/local"  # HAMi's HOOK_PATH; HAMi-core files live under <hook_path>/vgpu
-    metrics_bind: str = ":9394"  # device plugin / monitor
+    metrics_bind: str = ":9394"  # device plugin (the monitor defaults to :9396, the scheduler to :9395)
     scheduler_metrics_bind: str = ":9395"
     node_lock_expiry_s: float = 300.0  # HAMi NodeLockTimeout (5 min)
     nvml_lib: str = ""  # libnvidia-ml.so.1 path; "" = the system's

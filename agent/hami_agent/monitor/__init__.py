@@ -1,0 +1,1 @@
+"""``hami-agent monitor``: per-container vGPU metrics from HAMi-core shared regions (HAMi metric names)."""

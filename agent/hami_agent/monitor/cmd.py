@@ -1,0 +1,206 @@
+"""``hami-agent monitor``: scan the node's shared regions periodically and serve Prometheus metrics.
+
+HAMi's own vGPU monitor listens on ``:9394``; in this agent ``:9394`` belongs to the device plugin and
+``:9395`` to the scheduler, so the monitor defaults to ``:9396`` (change with ``--metrics-bind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_METRICS_BIND = ":9396"
+DEFAULT_INTERVAL_S = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-bind",
+        default=DEFAULT_METRICS_BIND,
+        metavar="[HOST]:PORT",
+        help="address of the /metrics endpoint (default %(default)s; HAMi's monitor uses :9394)",
+    )
+    parser.add_argument(
+        "--dir",
+        default=None,
+        metavar="DIR",
+        help="directory of <podUID>_<container>/ cache dirs (default: $HOOK_PATH/vgpu/containers, "
+        "HOOK_PATH defaulting to /usr/local; a HOOK_PATH ending in /vgpu is used as is)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help="scan period (default %(default)s)",
+    )
+    parser.add_argument(
+        "--legacy-metrics",
+        dest="legacy_metrics",
+        action="store_true",
+        default=True,
+        help="also export HAMi's legacy names used by its Grafana dashboard (default on)",
+    )
+    parser.add_argument(
+        "--no-legacy-metrics",
+        dest="legacy_metrics",
+        action="store_false",
+        help="export only the current hami_* names",
+    )
+    parser.add_argument(
+        "--host-metrics",
+        dest="host_metrics",
+        action="store_true",
+        default=True,
+        help="also export per-GPU HostGPUMemoryUsage/HostCoreUtilization from NVML (default on; NVML runs "
+        "in a child process with a deadline)",
+    )
+    parser.add_argument(
+        "--no-host-metrics", dest="host_metrics", action="store_false", help="do not query NVML"
+    )
+    parser.add_argument(
+        "--nvml-lib",
+        default=os.environ.get("HAMI_NVML_LIBRARY"),
+        metavar="PATH",
+        help="libnvidia-ml.so.1 to use (env HAMI_NVML_LIBRARY; default: the system's)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="scan once, print the metrics in Prometheus text format and exit"
+    )
+    parser.add_argument("--json", action="store_true", help="with --once: print the scan as JSON instead")
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--metrics-bind {bind!r}: expected [HOST]:PORT, e.g. :9396 or 127.0.0.1:9396")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _pod_resolver(args: argparse.Namespace):
+    """podUID -> (namespace, name) from the API, for pods on this node; None when no API is configured."""
+    if not (args.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST")):
+        return None
+    if not args.node_name:
+        return None
+    from hami_agent.k8s import KubeClient
+    from hami_agent.monitor.collector import PodRef
+
+    client = KubeClient.from_kubeconfig(args.kubeconfig, timeout_s=10)
+
+    def resolve() -> dict[str, PodRef]:
+        pods = client.list_pods(field_selector=f"spec.nodeName={args.node_name}")
+        out = {}
+        for pod in pods:
+            md = pod.get("metadata", {})
+            if md.get("uid"):
+                out[md["uid"]] = PodRef(namespace=md.get("namespace", ""), name=md.get("name", ""))
+        return out
+
+    return resolve
+
+
+def _host_source(args: argparse.Namespace):
+    from hami_agent.monitor.collector import HostGpuSample
+    from hami_agent.shrreg.nvmlprobe import probe
+
+    timeout_s = max(1.0, min(10.0, args.interval * 2))
+
+    def sample() -> list[HostGpuSample]:
+        res = probe(args.nvml_lib, timeout_s=timeout_s)
+        # HAMi labels the type "NVIDIA-" + the NVML name
+        return [
+            HostGpuSample(g.index, g.uuid, "NVIDIA-" + g.name, g.memory_used_bytes, g.utilization)
+            for g in res.gpus
+        ]
+
+    return sample
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+    from hami_agent.monitor.collector import RegionMonitor
+    from hami_agent.shrreg.reader import resolve_root
+
+    logger = logging.getLogger("hami_agent.monitor.cmd")
+    if args.interval <= 0:
+        sys.stderr.write("hami-agent monitor: --interval must be > 0 seconds\n")
+        return 2
+    try:
+        host, port = parse_bind(args.metrics_bind)
+    except ValueError as exc:
+        sys.stderr.write(f"hami-agent monitor: {exc}\n")
+        return 2
+    try:
+        root = resolve_root(args.dir, args.config, args.node_name)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"hami-agent monitor: --config: {exc}\n")
+        return 2
+    try:
+        resolver = _pod_resolver(args)
+    except Exception as exc:  # a bad kubeconfig must not stop the metrics: names fall back to pod UIDs
+        logger.warning("pod names unavailable (%s); labelling pods by UID", exc)
+        resolver = None
+    mon = RegionMonitor(
+        root,
+        node_name=args.node_name or "",
+        interval_s=args.interval,
+        legacy=args.legacy_metrics,
+        pod_resolver=resolver,
+        host_source=_host_source(args) if args.host_metrics else None,
+    )
+    registry = CollectorRegistry()
+    registry.register(mon)
+    if args.once:
+        res = mon.refresh()
+        if args.json:
+            _, pods = mon.snapshot()
+            json.dump(
+                {
+                    "root": root,
+                    "regions": [
+                        {
+                            "path": c.path,
+                            "pod_uid": c.pod_uid,
+                            "container": c.container,
+                            "pod": pods[c.pod_uid].__dict__ if c.pod_uid in pods else None,
+                            "region": c.region.to_dict(),
+                        }
+                        for c in res.containers
+                    ],
+                    "skipped": res.errors,
+                },
+                sys.stdout,
+                indent=2,
+            )
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(generate_latest(registry).decode())
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        logger.error("listen on %s failed: %s", args.metrics_bind, exc)
+        return 1
+    logger.info(
+        "vGPU monitor scanning %s every %gs, metrics on %s:%d/metrics", root, args.interval, host, port
+    )
+    mon.start()
+    try:
+        stop.wait()
+    finally:
+        mon.stop()
+        server.shutdown()
+        server.server_close()
+    logger.info("vGPU monitor stopped")
+    return 0
