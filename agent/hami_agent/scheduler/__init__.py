@@ -1,0 +1,14 @@
+"""HAMi-compatible scheduler extender and admission webhook (``hami-agent scheduler``).
+
+Modules, one job each:
+  model     device/node/pod usage dataclasses used by the fit code and the cache
+  requests  per-container device requests from a pod dict (HAMi's GenerateResourceRequests)
+  fit       HAMi's Fit / fitInDevices / device and node scoring (pure)
+  cache     usage cache: nodes + pods, incrementally maintained free capacity, fit-set memo
+  nodes     register annotation + handshake rules for one node
+  extender  /filter and /bind logic (cache + API client + events)
+  webhook   AdmissionReview mutation
+  server    threaded HTTP server: routes, limits, TLS, metrics, profiling
+  sync      informer wiring and the periodic node register loop
+  cmd       the ``hami-agent scheduler`` subcommand
+"""

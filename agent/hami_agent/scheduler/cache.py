@@ -1,0 +1,281 @@
+"""The usage cache: nodes (devices from the register annotation) and pods (allocations from pod
+annotations, keyed by UID), with each node's usage kept applied incrementally.
+
+Why a memo: kube-scheduler sends every node name on every /filter. Re-fitting 5,000 nodes per pod in
+Python costs ~100 ms. Fit is a pure function of (node state, pod request shape), and a placement changes
+one node, so results are memoised per request shape and only nodes whose state changed since ("dirty")
+are re-fitted. The per-request work left is set arithmetic in C over the node names.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from hami_agent import log
+from hami_agent.scheduler import wire
+from hami_agent.scheduler.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, fit_node, node_score
+from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
+
+logger = logging.getLogger(__name__)
+
+MEMO_SHAPES = 64  # distinct request shapes remembered (LRU)
+
+
+@dataclass
+class NodeState:
+    name: str
+    devices: list[DeviceUsage]
+    extras: NodeExtras = field(default_factory=NodeExtras)
+    mig_capacity: dict[str, int] = field(default_factory=dict)
+    mig_used: dict[str, int] = field(default_factory=dict)
+    score: float = 0.0
+    by_id: dict[str, DeviceUsage] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_id = {d.id: d for d in self.devices}
+
+
+@dataclass
+class _Memo:
+    """Fit results of one request shape. ``order`` holds the fitting nodes sorted by (score, name), so
+    the best node is found by walking from one end instead of scanning every node."""
+
+    fits: dict[str, NodeFit] = field(default_factory=dict)  # node -> result (ok or not)
+    ok: set[str] = field(default_factory=set)
+    dirty: set[str] = field(default_factory=set)
+    order: list[tuple[float, str]] = field(default_factory=list)
+    pos: dict[str, tuple[float, str]] = field(default_factory=dict)  # node -> its key in ``order``
+
+    def drop(self, name: str) -> None:
+        key = self.pos.pop(name, None)
+        if key is not None:
+            i = bisect.bisect_left(self.order, key)
+            if i < len(self.order) and self.order[i] == key:
+                del self.order[i]
+        self.ok.discard(name)
+
+    def put(self, name: str, r: NodeFit, key: tuple[float, str]) -> None:
+        self.drop(name)
+        self.fits[name] = r
+        if r.ok:
+            bisect.insort(self.order, key)
+            self.pos[name] = key
+            self.ok.add(name)
+
+
+@dataclass
+class Decision:
+    """Outcome of one filter evaluation."""
+
+    node: str | None
+    fit: NodeFit | None
+    failed: dict[str, str]  # node -> reason (only filled when no node fits)
+    n_fit: int = 0
+    fit_nodes: list[str] = field(default_factory=list)  # best first, for the event (capped)
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+class UsageCache:
+    """Thread-safe. Mutations and decisions happen under one lock, so a /filter decision and the
+    reservation of its devices are atomic: concurrent /filter calls cannot over-commit a GPU."""
+
+    def __init__(self, memo_shapes: int = MEMO_SHAPES) -> None:
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeState] = {}
+        self.pods: dict[str, PodUsage] = {}
+        self._pods_by_node: dict[str, set[str]] = {}
+        self._ns_usage: dict[str, list[int]] = {}
+        self._memo: OrderedDict[tuple, _Memo] = OrderedDict()
+        self._memo_shapes = memo_shapes
+        self._rank: dict[str, tuple[float, str]] = {}
+        self.unknown_uuid_warnings = 0
+
+    # ------------------------------------------------------------------------------------ nodes
+    def set_node(self, name: str, devices: list[DeviceUsage], extras: NodeExtras | None = None,
+                 mig_capacity: dict[str, int] | None = None) -> None:
+        """Add or replace a node's devices; usage of cached pods on it is re-applied."""
+        with self.lock:
+            st = NodeState(name, devices, extras or NodeExtras(), dict(mig_capacity or {}))
+            self.nodes[name] = st
+            for uid in self._pods_by_node.get(name, ()):
+                self._apply(st, self.pods[uid], +1)
+            self._touch(st)
+
+    def set_node_extras(self, name: str, extras: NodeExtras) -> None:
+        with self.lock:
+            st = self.nodes.get(name)
+            if st is not None and st.extras != extras:
+                st.extras = extras
+                self._touch(st)
+
+    def remove_node(self, name: str) -> bool:
+        with self.lock:
+            if self.nodes.pop(name, None) is None:
+                return False
+            self._rank.pop(name, None)
+            for m in self._memo.values():
+                m.drop(name)
+                m.fits.pop(name, None)
+                m.dirty.discard(name)
+            return True
+
+    def _touch(self, st: NodeState) -> None:
+        st.score = node_score(st.devices)
+        self._rank[st.name] = (st.score, st.name)
+        for m in self._memo.values():
+            m.dirty.add(st.name)
+
+    # ------------------------------------------------------------------------------------- pods
+    def add_pod(self, pod: PodUsage) -> None:
+        """Add or replace (same UID) a pod's usage."""
+        with self.lock:
+            old = self.pods.get(pod.uid)
+            if old is not None and (old.node, old.devices, old.mig) == (pod.node, pod.devices, pod.mig):
+                return  # informer echo of our own reservation: nothing changed
+            self.remove_pod(pod.uid)
+            self.pods[pod.uid] = pod
+            self._pods_by_node.setdefault(pod.node, set()).add(pod.uid)
+            ns = self._ns_usage.setdefault(pod.namespace, [0, 0])
+            for a in pod.devices.values():
+                ns[0] += a.mem
+                ns[1] += a.cores
+            st = self.nodes.get(pod.node)
+            if st is not None:
+                self._apply(st, pod, +1)
+                self._touch(st)
+
+    def remove_pod(self, uid: str) -> PodUsage | None:
+        with self.lock:
+            pod = self.pods.pop(uid, None)
+            if pod is None:
+                return None
+            self._pods_by_node.get(pod.node, set()).discard(uid)
+            ns = self._ns_usage.get(pod.namespace)
+            if ns is not None:
+                for a in pod.devices.values():
+                    ns[0] -= a.mem
+                    ns[1] -= a.cores
+            st = self.nodes.get(pod.node)
+            if st is not None:
+                self._apply(st, pod, -1)
+                self._touch(st)
+            return pod
+
+    def namespace_usage(self, namespace: str) -> tuple[int, int]:
+        with self.lock:
+            mem, cores = self._ns_usage.get(namespace, (0, 0))
+            return mem, cores
+
+    def _apply(self, st: NodeState, pod: PodUsage, sign: int) -> None:
+        for uuid, a in pod.devices.items():
+            d = st.by_id.get(uuid)
+            if d is None:
+                if sign > 0:
+                    self.unknown_uuid_warnings += 1
+                    log.v(logger, 3, "pod %s/%s: allocation on unknown device %s of node %s ignored",
+                          pod.namespace, pod.name, uuid, st.name)
+                continue
+            d.used += sign * max(a.slots, 1)
+            d.usedmem += sign * a.mem
+            d.usedcores += sign * a.cores
+        for profile, n in pod.mig:
+            st.mig_used[profile] = st.mig_used.get(profile, 0) + sign * n
+
+    # --------------------------------------------------------------------------------- decisions
+    def evaluate(self, st: NodeState, preq: PodRequest, ctx: PodContext,
+                 quota: QuotaBudget | None) -> NodeFit:
+        """Exact fit of one pod on one node (static MIG resources first, then the GPUs)."""
+        for profile, n in preq.mig:
+            free = st.mig_capacity.get(profile, 0) - st.mig_used.get(profile, 0)
+            if free < n:
+                mig_devs = sum(1 for d in st.devices if d.mode == "mig") or len(st.devices)
+                return NodeFit(False, [], wire.gen_reason({wire.CardMigTopologyInfeasible: mig_devs},
+                                                          len(st.devices)),
+                               f"{wire.CardMigTopologyInfeasible}, requested {n} nvidia.com/mig-{profile} "
+                               f"but available {max(free, 0)}")
+        if all(c is None for c in preq.containers):
+            return NodeFit(True, [[] for _ in preq.containers])
+        return fit_node(st.devices, preq, ctx, st.extras, quota)
+
+    def decide(self, names: list[str], preq: PodRequest, ctx: PodContext,
+               quota: QuotaBudget | None = None, event_nodes: int = 50, pod_name: str = "") -> Decision:
+        """Pick the node for a pod among ``names`` (reference §4.3 steps 2-4). Call under ``lock``
+        together with :meth:`reserve` to make decide+reserve atomic."""
+        with self.lock:
+            try:
+                names_set = set(names)
+            except TypeError as exc:
+                raise ValueError(f"node names must be strings: {exc}") from exc
+            spread = ctx.node_policy == "spread"
+            if quota is None:
+                key = (preq, ctx)
+                m = self._memo.get(key)
+                if m is None:
+                    m = _Memo(dirty=set(self.nodes))
+                    self._memo[key] = m
+                    if len(self._memo) > self._memo_shapes:
+                        self._memo.popitem(last=False)
+                else:
+                    self._memo.move_to_end(key)
+                todo = m.dirty & names_set  # dirty only ever holds known nodes
+                for n in todo:
+                    m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), self._rank[n])
+                m.dirty -= todo
+                fits = m.fits
+                # Entries of nodes outside ``names`` may be stale, but they are skipped here.
+                walk = m.order if spread else reversed(m.order)
+                best = next((k[1] for k in walk if k[1] in names_set), None)
+                ok_of = m.ok
+            else:  # namespace quota changes with every pod of the namespace: no memo
+                fits = {n: self.evaluate(self.nodes[n], preq, ctx, QuotaBudget(quota.mem_left,
+                                                                                 quota.cores_left))
+                        for n in names_set & self.nodes.keys()}
+                ok_of = {n for n, r in fits.items() if r.ok}
+                pick = min if spread else max
+                best = pick(ok_of, key=self._rank.__getitem__) if ok_of else None
+            if log.enabled(logger, 4):
+                for n in names:
+                    log.v(logger, 4, "Filtering node %s for pod %s", n, pod_name)
+                    r = fits.get(n)
+                    if r is not None and not r.ok:
+                        log.v(logger, 4, "Node %s filtered out: %s", n, r.detail or r.reason)
+            if best is None:
+                failed = {n: (fits[n].reason if n in fits else "node unregistered") for n in names}
+                return Decision(None, None, failed)
+            dec = Decision(best, fits[best], {})
+            if event_nodes or log.enabled(logger, 2):
+                ok = ok_of & names_set
+                dec.n_fit = len(ok)
+                order = sorted(ok, key=self._rank.__getitem__, reverse=not spread)
+                dec.fit_nodes = order[:event_nodes]
+                dec.scores = {n: self.nodes[n].score for n in dec.fit_nodes}
+            return dec
+
+
+def collapse(containers: list[list[Picked]], n_init: int) -> dict[str, DeviceAmount]:
+    """Per physical GPU: mem/cores = max(max over init containers, sum over app containers);
+    slots = app occurrences, or 1 when only init containers use it (reference §4.2)."""
+    init: dict[str, DeviceAmount] = {}
+    app: dict[str, DeviceAmount] = {}
+    for i, c in enumerate(containers):
+        for p in c:
+            if i < n_init:
+                a = init.setdefault(p.uuid, DeviceAmount())
+                a.mem = max(a.mem, p.usedmem)
+                a.cores = max(a.cores, p.usedcores)
+                a.slots = 1
+            else:
+                a = app.setdefault(p.uuid, DeviceAmount())
+                a.mem += p.usedmem
+                a.cores += p.usedcores
+                a.slots += 1
+    out: dict[str, DeviceAmount] = {}
+    for uuid in init.keys() | app.keys():
+        i = init.get(uuid, DeviceAmount())
+        a = app.get(uuid, DeviceAmount())
+        out[uuid] = DeviceAmount(slots=a.slots or 1, mem=max(i.mem, a.mem), cores=max(i.cores, a.cores))
+    return out

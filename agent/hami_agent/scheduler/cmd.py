@@ -1,0 +1,128 @@
+"""``hami-agent scheduler``: the extender + webhook process (import-light: heavy imports in ``run``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+_DUR = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+
+
+def parse_duration(value: str) -> float:
+    """Seconds from a Go duration (``5m``, ``1m30s``, ``300ms``) or a plain number of seconds."""
+    v = value.strip()
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for m in _DUR.finditer(v):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[m.group(2)]
+        pos = m.end()
+    if pos != len(v) or not v:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration (e.g. 5m, 90s, 1m30s)")
+    return total
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bind-address", "--http_bind", dest="bind_address", default="127.0.0.1:8080",
+                   help="extender listen address host:port (HAMi default 127.0.0.1:8080; its chart serves "
+                        "https on 443 with --cert-file/--key-file)")
+    p.add_argument("--cert-file", "--cert_file", dest="cert_file", default="", help="TLS certificate (PEM)")
+    p.add_argument("--key-file", "--key_file", dest="key_file", default="", help="TLS private key (PEM)")
+    p.add_argument("--scheduler-name", default="hami-scheduler",
+                   help="schedulerName set by the webhook and the event source component")
+    p.add_argument("--metrics-bind", default=":9395", help="Prometheus metrics address ('' to disable)")
+    p.add_argument("--leader-elect", action="store_true", help="run leader election on a Lease")
+    p.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
+    p.add_argument("--leader-elect-name", default="hami-scheduler", help="Lease name")
+    p.add_argument("--node-lock-timeout", type=parse_duration,
+                   default=parse_duration(os.environ.get("HAMI_NODELOCK_EXPIRE", "5m")),
+                   help="node lock expiry (Go duration; env HAMI_NODELOCK_EXPIRE; default 5m)")
+    p.add_argument("--node-scheduler-policy", choices=("binpack", "spread"), default="binpack")
+    p.add_argument("--gpu-scheduler-policy", default="spread",
+                   help="spread|binpack|topology-aware|mutex|numa, or a chain such as binpack,numa")
+    p.add_argument("--default-mem", type=int, default=None,
+                   help="MiB when a pod gives no gpumem (0 = whole card)")
+    p.add_argument("--default-cores", type=int, default=None, help="gpucores when a pod gives none")
+    p.add_argument("--default-gpu-num", type=int, default=None, help="nvidia.com/gpu added by the webhook")
+    p.add_argument("--node-label-selector", default=None, help="only consider nodes matching this selector")
+    p.add_argument("--register-interval", type=parse_duration, default=15.0, help="node register loop period")
+    p.add_argument("--force-overwrite-default-scheduler", default="true", choices=("true", "false"))
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
+    p.add_argument("--profiling", action="store_true",
+                   help="serve /debug/pprof/profile?seconds=N (CPU, folded stacks) and "
+                        "/debug/pprof/goroutine (thread dump)")
+
+
+def build_config(args: argparse.Namespace):
+    from hami_agent.scheduler.extender import SchedulerConfig
+    from hami_agent.scheduler.requests import ResourceNames
+
+    nv = None
+    if getattr(args, "config", None):
+        from hami_agent.config import load_config
+
+        nv = load_config(args.config, None).nvidia
+    names = ResourceNames()
+    if nv is not None:
+        names = ResourceNames(count=nv.resource_count_name, memory=nv.resource_memory_name,
+                              memory_percentage=nv.resource_memory_percentage_name,
+                              cores=nv.resource_core_name, priority=nv.resource_priority_name,
+                              default_memory=nv.default_memory, default_cores=nv.default_cores,
+                              default_gpu_num=nv.default_gpu_num, memory_factor=nv.memory_factor)
+    flags = (("default_memory", args.default_mem), ("default_cores", args.default_cores),
+             ("default_gpu_num", args.default_gpu_num))
+    overrides = {k: v for k, v in flags if v is not None}
+    if overrides:
+        from dataclasses import replace
+
+        names = replace(names, **overrides)
+    return SchedulerConfig(
+        scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
+        gpu_policy=args.gpu_scheduler_policy, names=names, node_lock_timeout_s=args.node_lock_timeout,
+        force_overwrite_default_scheduler=args.force_overwrite_default_scheduler == "true",
+        gpu_core_policy=getattr(nv, "gpu_core_policy", "default") if nv else "default",
+        overwrite_env=bool(getattr(nv, "overwrite_env", False)) if nv else False,
+        runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from hami_agent.scheduler.app import SchedulerApp
+    from hami_agent.scheduler.server import parse_bind
+
+    logger = logging.getLogger("hami_agent.scheduler")
+    try:
+        host, port = parse_bind(args.bind_address, default_host="0.0.0.0")
+        mhost_port = parse_bind(args.metrics_bind) if args.metrics_bind else None
+        cfg = build_config(args)
+    except (ValueError, OSError) as exc:
+        logger.error("bad flags: %s", exc)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        app = SchedulerApp.from_kubeconfig(
+            args.kubeconfig, cfg, host=host, port=port, cert_file=args.cert_file or None,
+            key_file=args.key_file or None, leader_elect=args.leader_elect,
+            lease_namespace=args.leader_elect_namespace, lease_name=args.leader_elect_name,
+            profiling=args.profiling, max_body=args.max_body_bytes, metrics_bind=mhost_port,
+            register_interval_s=args.register_interval, node_label_selector=args.node_label_selector,
+            tune_gc=True)
+        app.start()
+    except Exception as exc:
+        logger.error("scheduler failed to start: %s", exc)
+        return 1
+    try:
+        stop.wait()
+    finally:
+        app.stop()
+    return 0

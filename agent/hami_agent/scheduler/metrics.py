@@ -1,0 +1,59 @@
+"""Prometheus metrics of the extender, in a registry the component creates (no global state).
+
+Per-device gauges reuse HAMi's scheduler metric names (``GPUDeviceMemoryLimit``, ...) so existing
+dashboards keep working; they are computed from the usage cache at scrape time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _CacheCollector:
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def collect(self):
+        labels = ["nodeid", "deviceuuid", "deviceidx"]
+        fams = {
+            "GPUDeviceMemoryLimit": GaugeMetricFamily("GPUDeviceMemoryLimit", "Device memory limit (bytes)",
+                                                      labels=labels),
+            "GPUDeviceMemoryAllocated": GaugeMetricFamily("GPUDeviceMemoryAllocated",
+                                                          "Device memory allocated (bytes)", labels=labels),
+            "GPUDeviceCoreLimit": GaugeMetricFamily("GPUDeviceCoreLimit", "Device core limit", labels=labels),
+            "GPUDeviceCoreAllocated": GaugeMetricFamily("GPUDeviceCoreAllocated", "Device cores allocated",
+                                                        labels=labels),
+            "GPUDeviceSharedNum": GaugeMetricFamily("GPUDeviceSharedNum", "Containers sharing the device",
+                                                    labels=labels),
+        }
+        with self.cache.lock:
+            for node in self.cache.nodes.values():
+                for d in node.devices:
+                    lv = [node.name, d.id, str(d.index)]
+                    fams["GPUDeviceMemoryLimit"].add_metric(lv, d.totalmem * 1024 * 1024)
+                    fams["GPUDeviceMemoryAllocated"].add_metric(lv, d.usedmem * 1024 * 1024)
+                    fams["GPUDeviceCoreLimit"].add_metric(lv, d.totalcore)
+                    fams["GPUDeviceCoreAllocated"].add_metric(lv, d.usedcores)
+                    fams["GPUDeviceSharedNum"].add_metric(lv, d.used)
+            n_nodes, n_pods = len(self.cache.nodes), len(self.cache.pods)
+        yield from fams.values()
+        g = GaugeMetricFamily("hami_scheduler_cache_nodes", "Nodes with GPUs in the usage cache")
+        g.add_metric([], n_nodes)
+        yield g
+        g = GaugeMetricFamily("hami_scheduler_cache_pods", "Pods with GPU allocations in the usage cache")
+        g.add_metric([], n_pods)
+        yield g
+
+
+class SchedulerMetrics:
+    def __init__(self, cache: Any, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter("hami_scheduler_requests", "Extender requests by verb and result",
+                                ["verb", "result"], registry=self.registry)
+        self.latency = Histogram("hami_scheduler_request_duration_seconds", "Extender request latency",
+                                 ["verb"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_CacheCollector(cache))

@@ -1,0 +1,100 @@
+"""Data model of the scheduler: per-device usage, requests, per-pod allocations.
+
+Kept separate from ``hami_agent.protocol``'s wire dataclasses because these objects are mutable
+scratch state copied many times per /filter; ``__slots__`` keeps copies cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NVIDIA = "NVIDIA"
+PCT_UNSET = 101  # HAMi's sentinel for "no gpumem-percentage given"
+
+
+@dataclass(slots=True)
+class DeviceUsage:
+    """One physical GPU on a node with the usage of the pods placed on it (HAMi ``DeviceUsage``)."""
+
+    id: str
+    index: int
+    type: str
+    count: int  # split count (time-slicing slots)
+    totalmem: int  # MiB
+    totalcore: int  # 100 = whole GPU
+    numa: int = 0
+    health: bool = True
+    mode: str = ""
+    used: int = 0
+    usedmem: int = 0
+    usedcores: int = 0
+    mig_profiles: tuple = ()
+    score: float = 0.0
+
+    def clone(self) -> DeviceUsage:
+        return DeviceUsage(self.id, self.index, self.type, self.count, self.totalmem, self.totalcore,
+                           self.numa, self.health, self.mode, self.used, self.usedmem, self.usedcores,
+                           self.mig_profiles, self.score)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDeviceRequest:
+    """What one container asks of one device type (HAMi ``ContainerDeviceRequest``)."""
+
+    nums: int
+    type: str = NVIDIA
+    memreq: int = 0  # MiB per device, 0 = not given
+    mem_percentage: int = PCT_UNSET
+    coresreq: int = 0
+
+    def memory_for(self, totalmem: int) -> int:
+        """MiB this request takes on a device with ``totalmem`` MiB (reference §3.1)."""
+        if self.memreq > 0:
+            return self.memreq
+        if self.mem_percentage != PCT_UNSET:
+            return totalmem * self.mem_percentage // 100
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """A device chosen for a container: the pod-device string record ``uuid,NVIDIA,mem,cores``."""
+
+    uuid: str
+    type: str
+    usedmem: int
+    usedcores: int
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """All device requests of a pod: one entry per container, init containers first."""
+
+    containers: tuple[ContainerDeviceRequest | None, ...]
+    n_init: int
+    mig: tuple[tuple[str, int], ...] = ()  # (profile, count) from nvidia.com/mig-<profile>
+
+    @property
+    def empty(self) -> bool:
+        return not self.mig and all(c is None or c.nums <= 0 for c in self.containers)
+
+
+@dataclass(slots=True)
+class DeviceAmount:
+    """Collapsed usage of one pod on one physical GPU (reference §4.2)."""
+
+    slots: int = 0
+    mem: int = 0
+    cores: int = 0
+
+
+@dataclass
+class PodUsage:
+    """A pod in the usage cache, keyed by UID."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    devices: dict[str, DeviceAmount] = field(default_factory=dict)
+    mig: tuple[tuple[str, int], ...] = ()

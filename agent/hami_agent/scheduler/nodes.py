@@ -1,0 +1,123 @@
+"""Node side of the cache: devices from the register annotation, and HAMi's handshake rules (§1.2)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from hami_agent import log
+from hami_agent.protocol import ProtocolError, decode_node_devices, format_requesting, keys, parse_handshake
+from hami_agent.protocol.handshake import KIND_REQUESTING
+from hami_agent.scheduler.fit import NodeExtras
+from hami_agent.scheduler.model import DeviceUsage
+from hami_agent.scheduler.requests import parse_quantity
+
+logger = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT = timedelta(seconds=60)
+DELETE = object()  # handshake patch sentinel: delete the annotation
+
+
+def annotations(obj: dict) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def node_devices(node: dict) -> list[DeviceUsage] | None:
+    """Devices of the register annotation; None when absent or malformed (logged)."""
+    name = (node.get("metadata") or {}).get("name", "?")
+    raw = annotations(node).get(keys.NODE_REGISTER)
+    if not raw:
+        return None
+    try:
+        devs = decode_node_devices(raw)
+    except ProtocolError as exc:
+        logger.error("node %s: cannot decode %s: %s", name, keys.NODE_REGISTER, exc)
+        return None
+    out = []
+    for d in devs:
+        profiles = tuple({"name": p.name, "memoryMB": p.memory_mb, "core": p.core,
+                          "placements": len(p.placements)} for p in d.mig_profiles)
+        out.append(DeviceUsage(id=d.id, index=d.index, type=d.type, count=d.count, totalmem=d.devmem,
+                               totalcore=d.devcore, numa=d.numa, health=d.health, mode=d.mode or "",
+                               mig_profiles=profiles))
+    return out
+
+
+def mig_capacity(devices: list[DeviceUsage]) -> dict[str, int]:
+    """Static MIG instances per profile from the register annotation: for mig-mode GPUs, each
+    published profile contributes its number of placements (the plugin publishes existing instances)."""
+    cap: dict[str, int] = {}
+    for d in devices:
+        if d.mode != "mig":
+            continue
+        for p in d.mig_profiles:
+            cap[p["name"]] = cap.get(p["name"], 0) + max(int(p.get("placements", 0)), 0)
+    return cap
+
+
+def node_extras(node: dict) -> NodeExtras:
+    a = annotations(node)
+    cordon = frozenset(u.strip() for u in (a.get(keys.DEVICE_CORDON) or "").split(",") if u.strip())
+    pairs: dict[str, dict[str, int]] = {}
+    raw = a.get(keys.NODE_SCORE)
+    if raw:
+        try:
+            for entry in json.loads(raw):
+                pairs[str(entry["uuid"])] = {str(k): int(v) for k, v in (entry.get("score") or {}).items()}
+        except (ValueError, TypeError, KeyError) as exc:
+            log.v(logger, 3, "node %s: ignoring malformed %s: %s",
+                  (node.get("metadata") or {}).get("name"), keys.NODE_SCORE, exc)
+    return NodeExtras(cordoned=cordon, pair_scores=pairs)
+
+
+def allocatable_gpus(node: dict, resource: str = keys.RESOURCE_COUNT) -> int:
+    raw = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    if raw is None:
+        return 0
+    try:
+        return parse_quantity(raw)
+    except ValueError:
+        return 0
+
+
+@dataclass
+class HandshakeVerdict:
+    healthy: bool
+    patch: object | None = None  # str to write, DELETE, or None
+    reason: str = ""
+
+
+@dataclass
+class HandshakeTracker:
+    """Per-node memory of HAMi's NVIDIA ``CheckHealth`` wrapper: last allocatable count."""
+
+    resource: str = keys.RESOURCE_COUNT
+    last_alloc: dict[str, int] = field(default_factory=dict)
+
+    def check(self, node: dict, now: datetime) -> HandshakeVerdict:
+        name = (node.get("metadata") or {}).get("name", "?")
+        alloc = allocatable_gpus(node, self.resource)
+        prev = self.last_alloc.get(name)
+        self.last_alloc[name] = alloc
+        if prev is not None and prev > 0 and alloc == 0:
+            return HandshakeVerdict(False, DELETE, f"allocatable {self.resource} dropped from {prev} to 0")
+        value = annotations(node).get(keys.NODE_HANDSHAKE)
+        if not value or "Requesting" not in value:
+            return HandshakeVerdict(True, format_requesting(now))
+        try:
+            hs = parse_handshake(value)
+        except ProtocolError:
+            return HandshakeVerdict(True)  # unparsable counts as healthy (HAMi)
+        if hs.kind != KIND_REQUESTING or hs.when is None:
+            return HandshakeVerdict(True)
+        if now < hs.when + HANDSHAKE_TIMEOUT:
+            return HandshakeVerdict(True)
+        if alloc > 0:
+            return HandshakeVerdict(True)
+        return HandshakeVerdict(False, DELETE, f"allocatable {self.resource} is 0 more than "
+                                f"{int(HANDSHAKE_TIMEOUT.total_seconds())}s after {value}")
+
+    def forget(self, name: str) -> None:
+        self.last_alloc.pop(name, None)

@@ -1,0 +1,181 @@
+"""Keeps the usage cache in step with the cluster: a node informer (register annotation, cordon,
+pair scores), a pod informer on pods labelled ``hami.io/vgpu-node`` (their allocations), and the
+register loop that applies the handshake rules (reference §1.2, §4.2) every 15 s, leader only."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from hami_agent import log
+from hami_agent.protocol import keys
+from hami_agent.scheduler.cache import UsageCache
+from hami_agent.scheduler.nodes import (
+    DELETE,
+    HandshakeTracker,
+    annotations,
+    mig_capacity,
+    node_devices,
+    node_extras,
+)
+from hami_agent.scheduler.podinfo import is_terminated, pod_key, pod_usage
+from hami_agent.scheduler.requests import RequestError, ResourceNames, pod_request
+
+logger = logging.getLogger(__name__)
+
+
+class ClusterSync:
+    def __init__(self, client: Any, cache: UsageCache, names: ResourceNames | None = None, *,
+                 is_leader: Callable[[], bool] = lambda: True, interval_s: float = 15.0,
+                 now: Callable[[], datetime] = datetime.now, node_label_selector: str | None = None) -> None:
+        self.client = client
+        self.cache = cache
+        self.names = names or ResourceNames()
+        self.is_leader = is_leader
+        self.interval_s = interval_s
+        self.now = now
+        self.node_label_selector = node_label_selector
+        self.tracker = HandshakeTracker(resource=self.names.count)
+        self.dropped: set[str] = set()  # nodes taken out by the handshake rules
+        self._last_register: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.node_informer: Any = None
+        self.pod_informer: Any = None
+
+    # -------------------------------------------------------------------------------- lifecycle
+    def start(self) -> ClusterSync:
+        from hami_agent.k8s.informer import Informer
+
+        self.node_informer = Informer(self.client, kind="nodes", label_selector=self.node_label_selector)
+        self.pod_informer = Informer(self.client, kind="pods", label_selector=keys.VGPU_NODE)
+        self.node_informer.add_handler(on_add=self.on_node, on_update=lambda _o, n: self.on_node(n),
+                                       on_delete=self.on_node_delete)
+        self.pod_informer.add_handler(on_add=self.on_pod, on_update=lambda _o, p: self.on_pod(p),
+                                      on_delete=self.on_pod_delete)
+        self.node_informer.start()
+        self.pod_informer.start()
+        self._thread = threading.Thread(target=self._loop, name="register-loop", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_synced(self, timeout: float) -> bool:
+        # "is not None": an Informer has __len__, so an empty one is falsy
+        if self.node_informer is None or self.pod_informer is None:
+            return False
+        return self.node_informer.wait_synced(timeout) and self.pod_informer.wait_synced(timeout)
+
+    def synced(self) -> bool:
+        if self.node_informer is None or self.pod_informer is None:
+            return False
+        return bool(self.node_informer.synced and self.pod_informer.synced)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for inf in (self.node_informer, self.pod_informer):
+            if inf is not None:
+                inf.stop()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    # ------------------------------------------------------------------------------------ nodes
+    def on_node(self, node: dict) -> None:
+        name = (node.get("metadata") or {}).get("name")
+        if not name:
+            return
+        with self._lock:
+            if name in self.dropped:
+                return
+            raw = annotations(node).get(keys.NODE_REGISTER) or ""
+            if raw != self._last_register.get(name):
+                devs = node_devices(node)
+                self._last_register[name] = raw
+                if not devs:
+                    if self.cache.remove_node(name):
+                        logger.info("node %s: no GPUs registered (%s); removed from the cache", name,
+                                    keys.NODE_REGISTER)
+                    return
+                self.cache.set_node(name, devs, node_extras(node), mig_capacity(devs))
+                log.v(logger, 4, "node %s: %d GPUs registered", name, len(devs))
+            else:
+                self.cache.set_node_extras(name, node_extras(node))
+        self._wake.set()  # a node event triggers the register loop (HAMi: on node add)
+
+    def on_node_delete(self, node: dict) -> None:
+        name = (node.get("metadata") or {}).get("name")
+        with self._lock:
+            self._last_register.pop(name, None)
+            self.dropped.discard(name)
+            self.tracker.forget(name)
+            self.cache.remove_node(name)
+
+    def check_nodes(self) -> None:
+        """One pass of the register loop: handshake rules for every node with a register annotation."""
+        if self.node_informer is None:
+            return
+        leader = self.is_leader()
+        now = self.now()
+        for node in self.node_informer.list():
+            name = (node.get("metadata") or {}).get("name")
+            if not name or not annotations(node).get(keys.NODE_REGISTER):
+                continue
+            if name in self.dropped:
+                if self._alloc_zero(node):
+                    continue  # stays out while kubelet reports no GPUs (HAMi would flap it back in)
+                logger.info("node %s: allocatable %s is back; re-adding its GPUs", name, self.names.count)
+                with self._lock:
+                    self.dropped.discard(name)
+                    self._last_register.pop(name, None)
+                self.on_node(node)
+            verdict = self.tracker.check(node, now)
+            if not verdict.healthy:
+                logger.warning("node %s: GPU devices unhealthy (%s); removing them and deleting %s", name,
+                               verdict.reason, keys.NODE_HANDSHAKE)
+                with self._lock:
+                    self.dropped.add(name)
+                    self._last_register.pop(name, None)
+                    self.cache.remove_node(name)
+            if verdict.patch is not None and leader:
+                value = None if verdict.patch is DELETE else verdict.patch
+                try:
+                    self.client.patch_node_annotations(name, {keys.NODE_HANDSHAKE: value})
+                except Exception as exc:
+                    logger.error("patch node error: %s", exc)
+
+    def _alloc_zero(self, node: dict) -> bool:
+        from hami_agent.scheduler.nodes import allocatable_gpus
+
+        return allocatable_gpus(node, self.names.count) == 0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check_nodes()
+            except Exception:
+                logger.exception("register loop pass failed")
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    # ------------------------------------------------------------------------------------- pods
+    def on_pod(self, pod: dict) -> None:
+        uid, _ns, _name = pod_key(pod)
+        if is_terminated(pod):
+            self.cache.remove_pod(uid)
+            return
+        mig: tuple = ()
+        try:
+            mig = pod_request(pod, self.names).mig
+        except RequestError:
+            pass
+        u = pod_usage(pod, mig)
+        if u is not None:
+            self.cache.add_pod(u)
+
+    def on_pod_delete(self, pod: dict) -> None:
+        self.cache.remove_pod(pod_key(pod)[0])

@@ -1,0 +1,183 @@
+"""Mutating admission webhook (``/webhook``, AdmissionReview v1, JSONPatch response; reference §3.2).
+
+For pods with HAMi resources: set ``schedulerName``, add ``nvidia.com/gpu`` when only memory/cores are
+given, the exclusive default (``gpucores: 100``), ``CUDA_TASK_PRIORITY`` and
+``GPU_CORE_UTILIZATION_POLICY`` envs; deny privileged GPU containers, pods with ``nodeName`` preset,
+and pods over the namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import logging
+from typing import Any
+
+from hami_agent.protocol import keys
+from hami_agent.protocol.requests import webhook_resource_defaults
+from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
+from hami_agent.scheduler.requests import ResourceNames, _proto_config, has_hami_resources, parse_quantity
+
+logger = logging.getLogger(__name__)
+
+# Annotations only the scheduler / device plugin may write on a pod.
+SCHEDULER_OWNED = (keys.VGPU_NODE, keys.VGPU_TIME, keys.DEVICES_TO_ALLOCATE, keys.DEVICES_ALLOCATED,
+                   keys.MIG_ALLOCATIONS, keys.BIND_PHASE, keys.BIND_TIME)
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class Webhook:
+    def __init__(self, config: SchedulerConfig, quota: Any = None, namespace_labels: Any = None) -> None:
+        """``quota(ns) -> (mem_left|None, cores_left|None) | None``;
+        ``namespace_labels(ns) -> dict`` (both optional: without an API client they are skipped)."""
+        self.config = config
+        self.quota = quota
+        self.namespace_labels = namespace_labels
+
+    def review(self, body: Any) -> dict:
+        if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
+            raise BadRequest("AdmissionReview.request: missing or not an object")
+        req = body["request"]
+        uid = req.get("uid")
+        if not isinstance(uid, str):
+            raise BadRequest("AdmissionReview.request.uid: missing")
+        resp = self.admit(req)
+        resp["uid"] = uid
+        return {"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview",
+                "response": resp}
+
+    def admit(self, req: dict) -> dict:
+        pod = req.get("object")
+        if req.get("operation", "CREATE") != "CREATE" or not isinstance(pod, dict):
+            return {"allowed": True}
+        ns = req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+        names = self.config.names
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(keys.WEBHOOK_IGNORE_LABEL) == "ignore":
+            return {"allowed": True}
+        if self.namespace_labels is not None:
+            try:
+                if (self.namespace_labels(ns) or {}).get(keys.WEBHOOK_IGNORE_LABEL) == "ignore":
+                    return {"allowed": True}
+            except Exception as exc:
+                logger.warning("webhook: reading namespace %s labels failed: %s", ns, exc)
+        spec = pod.get("spec") or {}
+        sched = spec.get("schedulerName") or ""
+        if sched and sched not in (DEFAULT_SCHEDULER, self.config.scheduler_name):
+            return {"allowed": True}
+        new = copy.deepcopy(pod)
+        nspec = new.setdefault("spec", {})
+        cfg = _proto_config(names)
+        gpu_containers = 0
+        for kind in ("initContainers", "containers"):
+            for c in nspec.get(kind) or []:
+                add = webhook_resource_defaults(c, cfg)
+                if add:
+                    c.setdefault("resources", {}).setdefault("limits", {}).update(add)
+                if not has_hami_resources({"spec": {"containers": [c]}}, names):
+                    if self.config.overwrite_env:
+                        self._set_env(c, "NVIDIA_VISIBLE_DEVICES", "none")
+                    continue
+                gpu_containers += 1
+                sc = c.get("securityContext") or {}
+                if sc.get("privileged"):
+                    return _deny(f"container {c.get('name')} is privileged")
+                prio = _limit(c, names.priority)
+                if prio is not None:
+                    self._set_env(c, "CUDA_TASK_PRIORITY", str(prio))
+                if self.config.gpu_core_policy not in ("", "default"):
+                    self._set_env(c, "GPU_CORE_UTILIZATION_POLICY", self.config.gpu_core_policy)
+        if gpu_containers == 0:
+            return {"allowed": True}
+        if spec.get("nodeName"):
+            return _deny("pod has node assigned")
+        if not self._quota_ok(new, ns):
+            return _deny("exceeding resource quota")
+        if sched == "" or (sched == DEFAULT_SCHEDULER and self.config.force_overwrite_default_scheduler):
+            nspec["schedulerName"] = self.config.scheduler_name
+        if self.config.runtime_class_name and not spec.get("runtimeClassName"):
+            nspec["runtimeClassName"] = self.config.runtime_class_name
+        ops = self._diff(pod, new)
+        out: dict[str, Any] = {"allowed": True}
+        if ops:
+            out["patchType"] = "JSONPatch"
+            out["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+        return out
+
+    @staticmethod
+    def _set_env(c: dict, name: str, value: str) -> None:
+        env = c.setdefault("env", [])
+        for e in env:
+            if e.get("name") == name:
+                e["value"] = value
+                e.pop("valueFrom", None)
+                return
+        env.append({"name": name, "value": value})
+
+    def _quota_ok(self, pod: dict, ns: str) -> bool:
+        if self.quota is None:
+            return True
+        try:
+            left = self.quota(ns)
+        except Exception as exc:
+            logger.warning("webhook: quota lookup for %s failed: %s", ns, exc)
+            return True
+        if left is None:
+            return True
+        mem_left, cores_left = left
+        mem = cores = 0
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            n = _limit(c, self.config.names.count) or 0
+            mem += n * (_limit(c, self.config.names.memory) or 0) * self.config.names.memory_factor
+            cores += n * (_limit(c, self.config.names.cores) or 0)
+        return (mem_left is None or mem <= mem_left) and (cores_left is None or cores <= cores_left)
+
+    @staticmethod
+    def _diff(old: dict, new: dict) -> list[dict]:
+        ops: list[dict] = []
+        ann = (old.get("metadata") or {}).get("annotations") or {}
+        for k in SCHEDULER_OWNED:
+            if k in ann:  # the scheduler's to write; a user value would fake an allocation
+                ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"})
+        ospec, nspec = old.get("spec") or {}, new.get("spec") or {}
+        for field in ("schedulerName", "runtimeClassName"):
+            if nspec.get(field) != ospec.get(field):
+                ops.append({"op": "add", "path": f"/spec/{field}", "value": nspec[field]})
+        for kind in ("initContainers", "containers"):
+            for i, (oc, nc) in enumerate(zip(ospec.get(kind) or [], nspec.get(kind) or [], strict=True)):
+                if oc.get("resources") != nc.get("resources"):
+                    ops.append({"op": "add", "path": f"/spec/{kind}/{i}/resources", "value": nc["resources"]})
+                if oc.get("env") != nc.get("env"):
+                    ops.append({"op": "add", "path": f"/spec/{kind}/{i}/env", "value": nc["env"]})
+        return ops
+
+
+def _limit(c: dict, name: str) -> int | None:
+    res = c.get("resources") or {}
+    for part in ("limits", "requests"):
+        v = (res.get(part) or {}).get(name)
+        if v is not None:
+            try:
+                return parse_quantity(v)
+            except ValueError:
+                return None
+    return None
+
+
+def _deny(message: str) -> dict:
+    return {"allowed": False, "status": {"code": 400, "reason": "BadRequest", "message": message}}
+
+
+def quota_left_fn(extender: Any):
+    """Adapter: the extender's quota cache as the webhook's ``quota(ns)`` callable."""
+    def quota(ns: str):
+        b = extender._quota_budget(ns)
+        return None if b is None else (b.mem_left, b.cores_left)
+    return quota
+
+
+__all__ = ["SCHEDULER_OWNED", "ResourceNames", "Webhook", "quota_left_fn"]

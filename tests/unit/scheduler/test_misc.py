@@ -1,0 +1,74 @@
+"""Static MIG resources, request parsing, flags, event texts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hami_agent.scheduler import events as ev
+from hami_agent.scheduler.cache import UsageCache
+from hami_agent.scheduler.cmd import add_arguments, build_config, parse_duration
+from hami_agent.scheduler.fit import PodContext
+from hami_agent.scheduler.model import PodRequest, PodUsage
+from hami_agent.scheduler.requests import RequestError, ResourceNames, pod_request
+from tests.unit.scheduler.helpers import dev, gpu_pod
+
+pytestmark = pytest.mark.unit
+
+
+def test_static_mig_resources_counted_from_register():
+    c = UsageCache()
+    d = dev(0, mode="mig")
+    d.mig_profiles = ({"name": "1g.12gb", "memoryMB": 12288, "placements": 2},
+                      {"name": "3g.48gb", "memoryMB": 49152, "placements": 1})
+    c.set_node("n", [d], mig_capacity={"1g.12gb": 2, "3g.48gb": 1})
+    want = PodRequest(containers=(None,), n_init=0, mig=(("1g.12gb", 2),))
+    dec = c.decide(["n"], want, PodContext())
+    assert dec.node == "n"
+    c.add_pod(PodUsage("u", "ns", "p", "n", {}, mig=(("1g.12gb", 2),)))
+    dec = c.decide(["n"], PodRequest(containers=(None,), n_init=0, mig=(("1g.12gb", 1),)), PodContext())
+    assert dec.node is None and dec.failed["n"] == "1/1 CardMigTopologyInfeasible"
+
+
+def test_pod_request_parsing():
+    p = gpu_pod("p", gpus=2, mem=1000, cores=30, init=[{"name": "i", "resources": {"limits": {"cpu": "1"}}}])
+    r = pod_request(p, ResourceNames())
+    assert r.n_init == 1 and r.containers[0] is None
+    assert (r.containers[1].nums, r.containers[1].memreq, r.containers[1].coresreq) == (2, 1000, 30)
+    pct = pod_request(gpu_pod("q"), ResourceNames()).containers[0]
+    assert pct.mem_percentage == 100 and pct.memreq == 0  # no memory given: whole card
+    dflt = pod_request(gpu_pod("q"), ResourceNames(default_memory=2000)).containers[0]
+    assert dflt.memreq == 2000
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "2"
+    assert pod_request(p, ResourceNames()).mig == (("1g.10gb", 2),)
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "-5"
+    with pytest.raises(RequestError, match="nvidia.com/gpumem"):
+        pod_request(p, ResourceNames())
+
+
+def test_durations_and_flags():
+    assert parse_duration("5m") == 300 and parse_duration("1m30s") == 90
+    assert parse_duration("300ms") == pytest.approx(0.3) and parse_duration("45") == 45
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration("5 minutes")
+    p = argparse.ArgumentParser()
+    p.add_argument("--config")
+    add_arguments(p)
+    args = p.parse_args(["--node-scheduler-policy", "spread", "--default-mem", "1024",
+                         "--node-lock-timeout", "2m"])
+    cfg = build_config(args)
+    assert cfg.node_policy == "spread" and cfg.names.default_memory == 1024
+    assert cfg.node_lock_timeout_s == 120 and cfg.scheduler_name == "hami-scheduler"
+
+
+def test_event_texts():
+    msgs = ev.filtering_failed_messages({"a": "1/2 CardInsufficientMemory, 1/2 CardTypeMismatch",
+                                         "b": "2/2 CardInsufficientMemory", "c": "NodeInsufficientDevice"})
+    # one event per reason, ordered by reason name, nodes sorted
+    assert msgs == ["2 nodes CardInsufficientMemory(a,b)", "1 nodes CardTypeMismatch(a)",
+                    "1 nodes NodeInsufficientDevice(c)"]
+    assert ev.filtering_failed_messages({"a": ""}) == ["no available node, 1 nodes do not meet"]
+    assert ev.filtering_succeed_message("a", 1, 2, ["a", "b"], {"a": 15.0, "b": 3.333}) == \
+        "find fit node(a), 1 nodes not fit, 2 nodes fit(a:15.00,b:3.33)"
+    assert ev.binding_succeed_message("n", "ns", "p") == "Successfully binding node [n] to ns/p"
