@@ -25,11 +25,11 @@ from datetime import datetime, timedelta, timezone
 from hami_agent import log
 from hami_agent.k8s.backoff import Backoff, hami_nodelock_backoff
 from hami_agent.k8s.client import KubeClient
-from hami_agent.k8s.duration import format_go_duration
 from hami_agent.k8s.errors import ConflictError, NotFoundError
 from hami_agent.protocol import keys
 from hami_agent.protocol.errors import ProtocolError
 from hami_agent.protocol.nodelock import NodeLockValue, format_lock_value, parse_lock_value
+from hami_agent.protocol.timefmt import format_go_duration
 
 logger = logging.getLogger(__name__)
 

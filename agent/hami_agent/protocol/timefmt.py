@@ -106,20 +106,21 @@ def format_go_time_string(when: datetime) -> str:
 
 
 def format_go_duration(seconds: float) -> str:
-    """Go's ``time.Duration.String()`` for log lines copied from HAMi (``30s``, ``5s``, ``1m30s``,
-    ``500ms``, ``0s``)."""
-    ns = round(seconds * 1e9)
+    """Go's ``time.Duration.String()``, byte for byte, for messages copied from HAMi:
+    ``300 -> "5m0s"``, ``90 -> "1m30s"``, ``30 -> "30s"``, ``3600 -> "1h0m0s"``, ``1.5 -> "1.5s"``,
+    ``0.5 -> "500ms"``, ``0 -> "0s"``. Integer nanoseconds, so no float rounding leaks into the text."""
+    ns = round(seconds * 1_000_000_000)
     if ns == 0:
         return "0s"
     sign = "-" if ns < 0 else ""
     ns = abs(ns)
     if ns < 1_000_000_000:
-        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+        for size, unit in ((1_000_000, "ms"), (1_000, "\u00b5s"), (1, "ns")):
             if ns >= size:
-                return sign + _trim(ns / size) + unit
-    hours, rem = divmod(ns, 3_600_000_000_000)
-    minutes, rem = divmod(rem, 60_000_000_000)
-    secs = _trim(rem / 1e9) + "s"
+                return sign + _frac(ns, size) + unit
+    hours, rem = divmod(ns, 3600 * 1_000_000_000)
+    minutes, rem = divmod(rem, 60 * 1_000_000_000)
+    secs = _frac(rem, 1_000_000_000) + "s"
     if hours:
         return f"{sign}{hours}h{minutes}m{secs}"
     if minutes:
@@ -127,6 +128,9 @@ def format_go_duration(seconds: float) -> str:
     return sign + secs
 
 
-def _trim(value: float) -> str:
-    text = ("%.9f" % value).rstrip("0").rstrip(".")
-    return text or "0"
+def _frac(value: int, unit: int) -> str:
+    whole, rem = divmod(value, unit)
+    if not rem:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}." + f"{rem:0{digits}d}".rstrip("0")

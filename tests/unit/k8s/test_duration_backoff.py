@@ -7,7 +7,7 @@ import random
 import pytest
 
 from hami_agent.k8s.backoff import Backoff, hami_nodelock_backoff
-from hami_agent.k8s.duration import format_go_duration
+from hami_agent.protocol.timefmt import format_go_duration
 
 pytestmark = pytest.mark.unit
 
