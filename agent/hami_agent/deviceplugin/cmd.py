@@ -1,0 +1,220 @@
+"""``hami-agent device-plugin``: the kubelet device plugin for NVIDIA GPUs (HAMi-compatible).
+
+Import-light on purpose: grpc, kubernetes and pynvml are imported inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--device-plugin-dir", default=None,
+                   help="kubelet device-plugin directory (default /var/lib/kubelet/device-plugins)")
+    p.add_argument("--nvml-lib", default=env("HAMI_NVML_LIBRARY"),
+                   help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY; default: the system's)")
+    p.add_argument("--metrics-bind", default=None,
+                   help="[HOST]:PORT for /metrics and /healthz (default :9394; 'none' disables)")
+    p.add_argument("--rpc-deadline", type=float, default=None,
+                   help="hard deadline (s) of every GetPreferredAllocation/Allocate answer (default 2)")
+    p.add_argument("--api-timeout", type=float, default=None,
+                   help="timeout in seconds of API calls on the Allocate path (default 1)")
+    p.add_argument("--mode", choices=("hami-core", "mps"), default=None,
+                   help="sharing mode of full GPUs (default: node config operatingmode, else hami-core)")
+    p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default=None,
+                   help="how statically partitioned MIG devices are advertised (default none)")
+    p.add_argument("--resource-name", default=None, help="resource of full GPUs (default nvidia.com/gpu)")
+    p.add_argument("--device-split-count", type=int, default=None,
+                   help="replicas per GPU (default: config deviceSplitCount, 10)")
+    p.add_argument("--hook-path", default=None,
+                   help="HAMi-core prefix, files under <hook-path>/vgpu (env HOOK_PATH, default /usr/local)")
+    p.add_argument("--vgpu-lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--mps-root", default="/run/nvidia/mps", help="host root of MPS pipe directories")
+    p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control binary (mps mode)")
+    p.add_argument("--registration", choices=("kubelet", "plugin-watcher"), default="kubelet",
+                   help="register via kubelet.sock (default) or the kubelet plugin watcher")
+    p.add_argument("--plugins-registry-dir", default="/var/lib/kubelet/plugins_registry")
+    p.add_argument("--health-recovery-quiet", type=float, default=30.0,
+                   help="seconds a device must stay healthy before it is advertised Healthy again")
+    p.add_argument("--poll-interval", type=float, default=0.25,
+                   help="seconds between checks for kubelet restarts / deleted sockets / MIG lock")
+    p.add_argument("--mig-apply-lock", default=None,
+                   help="pause while this file exists (default /tmp/hami/hami-mig-apply.lock)")
+    p.add_argument("--nvml-call-timeout", type=float, default=None, help="NVML call deadline (default 5)")
+    p.add_argument("--nvml-refresh-interval", type=float, default=None,
+                   help="seconds between NVML inventory refreshes (default 10)")
+    p.add_argument("--standalone", action="store_true",
+                   help="run without the Kubernetes API (no node registration; hami-core Allocate then "
+                        "fails with 'no binding pod found'; MIG resources work)")
+    p.add_argument("--no-node-register", action="store_true",
+                   help="do not run the hami.io/node-nvidia-register loop")
+
+
+def build_settings(args: argparse.Namespace, cfg: Any) -> Any:
+    from hami_agent import __version__
+    from hami_agent.deviceplugin.settings import PluginSettings
+
+    node = cfg.node
+    agent = cfg.agent
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return PluginSettings(
+        node_name=args.node_name or "",
+        device_plugin_dir=pick(args.device_plugin_dir, agent.device_plugin_dir),
+        resource_name=pick(args.resource_name, cfg.nvidia.resource_count_name),
+        mode=pick(args.mode, node.operating_mode if node.operating_mode == "mps" else "hami-core"),
+        mig_strategy=pick(args.mig_strategy, node.mig_strategy or "none"),
+        device_split_count=pick(args.device_split_count, node.device_split_count),
+        device_memory_scaling=node.device_memory_scaling,
+        device_core_scaling=node.device_core_scaling,
+        enable_numa_topology=node.enable_numa_topology,
+        filter_uuids=tuple(node.filter_devices.uuids),
+        filter_indexes=tuple(node.filter_devices.indexes),
+        hook_path=pick(args.hook_path, os.environ.get("HOOK_PATH") or agent.hook_path),
+        vgpu_lock_dir=args.vgpu_lock_dir,
+        lib_cuda_log_level=node.lib_cuda_log_level or "",
+        disable_core_limit=cfg.nvidia.disable_core_limit,
+        plugin_version=__version__,
+        mps_root=args.mps_root,
+        mps_control_bin=args.mps_control,
+        rpc_deadline_s=pick(args.rpc_deadline, agent.rpc_deadline_s),
+        api_timeout_s=pick(args.api_timeout, 1.0),
+        poll_interval_s=args.poll_interval,
+        health_recovery_quiet_s=args.health_recovery_quiet,
+        registration_mode=args.registration,
+        plugins_registry_dir=args.plugins_registry_dir,
+        mig_apply_lock=pick(args.mig_apply_lock, agent.mig_apply_lock_path),
+    )
+
+
+def _config_summary(settings: Any) -> str:
+    keys = ("mode", "mig_strategy", "device_split_count", "device_memory_scaling", "device_core_scaling",
+            "enable_numa_topology", "hook_path", "rpc_deadline_s", "registration_mode")
+    return "{" + " ".join(f"{k}:{getattr(settings, k)}" for k in keys) + "}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from hami_agent.config import ConfigError, load_config
+    from hami_agent.deviceplugin.settings import MODE_MPS, SettingsError
+
+    try:
+        cfg = load_config(args.config, args.node_name)
+        settings = build_settings(args, cfg)
+        settings.validate()
+    except (ConfigError, SettingsError, OSError) as exc:
+        logger.error("%s", exc)
+        return 2
+    if not settings.node_name and not args.standalone:
+        logger.error("node name is empty: set --node-name or the NODE_NAME env (spec.nodeName via the "
+                     "downward API), or use --standalone")
+        return 2
+    if settings.mode == MODE_MPS:
+        from hami_agent.deviceplugin.mps import MpsError, check_mps_control
+
+        try:
+            check_mps_control(settings.mps_control_bin)
+        except MpsError as exc:
+            logger.error("%s", exc)
+            return 1
+    return _serve(args, cfg, settings)
+
+
+def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
+    from hami_agent.deviceplugin.httpserver import OpsServer
+    from hami_agent.deviceplugin.manager import DevicePluginManager
+    from hami_agent.deviceplugin.metrics import PluginMetrics
+    from hami_agent.deviceplugin.podsource import K8sPodSource, MemoryPodSource
+
+    agent = cfg.agent
+    logger.info("Initializing metrics for scheduler")  # HAMi's first line (seed 000 §1.2), kept for grep
+    metrics = PluginMetrics()
+    logger.info("reading config=%s resourceName=%s configfile=%s", _config_summary(settings),
+                settings.resource_name, args.config or "")
+    stop = threading.Event()
+    informers: list[Any] = []
+    client = None
+    if args.standalone:
+        pods: Any = MemoryPodSource(settings.node_name)
+    else:
+        from hami_agent.k8s.client import KubeClient
+        from hami_agent.k8s.informer import Informer
+
+        try:
+            client = KubeClient.from_kubeconfig(args.kubeconfig, timeout_s=agent.api_timeout_s)
+        except Exception as exc:
+            logger.error("cannot load kubeconfig: %s", exc)
+            return 1
+        fast = client.with_options(timeout_s=settings.api_timeout_s, attempts=1)
+        pod_inf = Informer(client, "pods", field_selector=f"spec.nodeName={settings.node_name}")
+        node_inf = Informer(client, "nodes", field_selector=f"metadata.name={settings.node_name}")
+        informers = [pod_inf.start(), node_inf.start()]
+
+        def check_synced() -> None:
+            # not waited for before serving: registering with the kubelet early matters more, and
+            # Allocate falls back to short API reads while the caches fill
+            for inf, what in ((pod_inf, "pod"), (node_inf, "node")):
+                if not inf.wait_synced(10.0):
+                    logger.warning("%s informer not synced after 10s; Allocate falls back to API reads", what)
+
+        threading.Thread(target=check_synced, name="informer-sync-check", daemon=True).start()
+        pods = K8sPodSource(settings.node_name, fast, pod_inf, node_inf)
+
+    def source_factory() -> Any:
+        from prometheus_client import CollectorRegistry
+
+        from hami_agent.nvml import NvmlSupervisor
+
+        nvml_registry = CollectorRegistry()  # one per supervisor; see metrics.DelegatingCollector
+        sup = NvmlSupervisor(lib_path=args.nvml_lib or agent.nvml_lib or None,
+                             call_timeout_s=args.nvml_call_timeout or agent.nvml_call_timeout_s,
+                             refresh_interval_s=args.nvml_refresh_interval or agent.nvml_refresh_interval_s,
+                             registry=nvml_registry)
+        metrics.nvml.target = nvml_registry
+        return sup
+
+    manager = DevicePluginManager(settings, source_factory, pods, metrics)
+    ops = None
+    bind = args.metrics_bind if args.metrics_bind is not None else agent.metrics_bind
+    if bind and bind != "none":
+        try:
+            ops = OpsServer(bind, metrics.registry, manager.healthz).start()
+        except (OSError, ValueError) as exc:
+            logger.error("cannot serve /metrics and /healthz on %s: %s", bind, exc)
+            return 1
+
+    registrar_thread = None
+    if client is not None and not args.no_node_register:
+        from hami_agent.deviceplugin.register import NodeRegistrar
+
+        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg)
+        registrar_thread = registrar.start(stop)
+
+    def on_term(signum: int, _frame: Any) -> None:
+        logger.info("received signal %d, shutting down", signum)
+        stop.set()
+        manager.stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGUSR1, lambda *_: manager.toggle_pause())
+    try:
+        rc = manager.run()
+    finally:
+        stop.set()
+        if registrar_thread is not None:
+            registrar_thread.join(2.0)
+        for inf in informers:
+            inf.stop()
+        if ops is not None:
+            ops.stop()
+    return rc

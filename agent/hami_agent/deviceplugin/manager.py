@@ -1,0 +1,434 @@
+"""Device plugin lifecycle: serve, register, follow the inventory, re-register, pause, give up.
+
+One loop thread does everything that changes state (so there are no races between, say, a kubelet
+restart and a MIG pause); registration runs in one thread per resource so a missing kubelet never
+stalls the loop.
+
+Re-registration is detected by polling ``stat()`` every ``poll_interval_s`` (default 250 ms) rather
+than inotify: it needs no extra dependency, works on every filesystem the kubelet dir may live on, and
+the cost (two ``stat`` calls per resource per tick) is negligible while the 2 s re-registration
+target is met with a wide margin.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hami_agent import log
+from hami_agent.deviceplugin.allocator import Allocator
+from hami_agent.deviceplugin.devices import PlanError, ResourcePlan, degrade, plan_resources
+from hami_agent.deviceplugin.health import HealthTracker
+from hami_agent.deviceplugin.metrics import PluginMetrics
+from hami_agent.deviceplugin.podsource import PodSource
+from hami_agent.deviceplugin.registration import RegistrationError, register_with_retry
+from hami_agent.deviceplugin.server import DeadlineRunner, DeviceState, PluginServer
+from hami_agent.deviceplugin.settings import PluginSettings
+
+logger = logging.getLogger(__name__)
+
+CRASH_MESSAGE = "GRPC server has repeatedly crashed"
+# R570 builds whose NVML hangs on nodes mixing MIG and full GPUs (gpu-operator #1361, seed 003)
+KNOWN_BAD_DRIVERS = ("570.124.06", "570.133.20", "570.148.08", "570.158.01")
+
+
+@dataclass(frozen=True)
+class _NoSnapshot:
+    """What ``current_snapshot()`` returns while no NVML supervisor runs (paused or not started)."""
+
+    status: str = "starting"
+    gpus: tuple = ()
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    error: str | None = None
+    stuck_call: str | None = None
+    taken_at: float = 0.0
+    generation: int = 0
+
+
+class FatalPluginError(RuntimeError):
+    """The plugin cannot continue (registration refused, servers crash-looping)."""
+
+
+class _Registrar:
+    """Registers one resource in the background; ``trigger()`` asks for a (re-)registration."""
+
+    def __init__(self, manager: DevicePluginManager, server: PluginServer) -> None:
+        self.m = manager
+        self.server = server
+        self.registered = threading.Event()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"register-{server.endpoint}", daemon=True)
+        self._thread.start()
+
+    def trigger(self) -> None:
+        self.registered.clear()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _run(self) -> None:
+        s = self.m.settings
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if s.registration_mode == "plugin-watcher":
+                # the kubelet finds our registry socket itself; nothing to dial
+                self.registered.set()
+                continue
+            # a new trigger while retrying restarts the attempt (the kubelet changed under us)
+            retry_stop = _AnyEvent(self._stop, self._wake)
+            try:
+                ok = register_with_retry(s.kubelet_socket, self.server.resource, self.server.endpoint,
+                                         s.register_dial_timeout_s, stop=retry_stop,
+                                         max_backoff_s=max(0.5, min(5.0, s.poll_interval_s * 4)))
+            except RegistrationError as exc:
+                self.m.fatal(str(exc))
+                return
+            if ok and not self._wake.is_set():
+                self.registered.set()
+                self.m.metrics.registrations.labels(self.server.resource).inc()
+
+
+class _AnyEvent:
+    """Looks like a ``threading.Event`` that is set when any of the given events is set."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while not self.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self.events[0].wait(min(left, 0.05))
+        return True
+
+
+class DevicePluginManager:
+    """Runs the device plugin until ``stop()``; ``run()`` returns the process exit code."""
+
+    def __init__(self, settings: PluginSettings, source_factory: Callable[[], Any], pods: PodSource,
+                 metrics: PluginMetrics | None = None) -> None:
+        settings.validate()
+        self.settings = settings
+        self.source_factory = source_factory
+        self.metrics = metrics or PluginMetrics()
+        self.allocator = Allocator(settings, pods)
+        self.runner = DeadlineRunner(settings.rpc_workers, settings.rpc_deadline_s)
+        self.health = HealthTracker(settings.health_recovery_quiet_s)
+        self.source: Any = None
+        self.states: dict[str, DeviceState] = {}
+        self.servers: dict[str, PluginServer] = {}
+        self.registrars: dict[str, _Registrar] = {}
+        self._raw: dict[str, ResourcePlan] = {}
+        self._last_plan_error: str | None = None
+        self._kubelet_ident: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._pause_requested = threading.Event()
+        self._crashes: collections.deque[float] = collections.deque()
+        self._fatal: str | None = None
+        self.paused = False
+        self.reregistrations = 0
+        self._last_self_check = 0.0
+        self._warned_driver: str | None = None
+        self._notes_logged: set[str] = set()
+
+    # ------------------------------------------------------------------------------ control
+    def current_snapshot(self) -> Any:
+        """The supervisor's latest snapshot (never blocks); a 'starting' one while paused."""
+        source = self.source
+        if source is None or self.paused:
+            return _NoSnapshot()
+        return source.snapshot()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def toggle_pause(self) -> None:
+        """SIGUSR1: pause (stop serving, release NVML) or resume."""
+        if self._pause_requested.is_set():
+            self._pause_requested.clear()
+        else:
+            self._pause_requested.set()
+
+    def fatal(self, message: str) -> None:
+        self._fatal = message
+        self._stop.set()
+
+    def wait_registered(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            regs = list(self.registrars.values())
+            if regs and all(r.registered.is_set() for r in regs):
+                return True
+            time.sleep(0.02)
+        return False
+
+    # ------------------------------------------------------------------------------ health
+    def healthz(self) -> tuple[bool, str]:
+        if self._fatal:
+            return False, self._fatal
+        if self.paused:
+            return True, "paused for MIG reconfiguration"
+        if not self.servers:
+            return False, "no GRPC server running"
+        for name, server in list(self.servers.items()):
+            problem = server.self_check(timeout=1.0)
+            if problem:
+                return False, f"'{name}': {problem}"
+            reg = self.registrars.get(name)
+            if reg is not None and not reg.registered.is_set():
+                return False, f"'{name}': not registered with the kubelet yet"
+        return True, "ok"
+
+    # ------------------------------------------------------------------------------ inventory
+    def _apply_snapshot(self, snap: Any) -> None:
+        status = getattr(snap, "status", "ok")
+        driver = getattr(snap, "driver_version", None)
+        if driver in KNOWN_BAD_DRIVERS and driver != self._warned_driver:
+            self._warned_driver = driver
+            logger.warning("driver %s is known to hang NVML on nodes mixing MIG and full GPUs (NVIDIA "
+                           "gpu-operator #1361); upgrade to 570.172.08 or later. This plugin keeps answering "
+                           "the kubelet from its last snapshot meanwhile", driver)
+        notes: list[str] = []
+        try:
+            raw = plan_resources(snap, self.settings, notes)
+            self._last_plan_error = None
+            for note in notes:
+                if note not in self._notes_logged:
+                    self._notes_logged.add(note)
+                    logger.warning("%s", note)
+        except PlanError as exc:
+            if str(exc) != self._last_plan_error:
+                logger.error("%s", exc)
+                self._last_plan_error = str(exc)
+            raw = dict(self._raw)
+        if status in ("stuck", "error"):
+            detail = getattr(snap, "stuck_call", None) or getattr(snap, "error", None) or ""
+            reason = f"nvml {status}: {detail}"
+            for name, old in self._raw.items():
+                if name not in raw or (not raw[name].devices and old.devices):
+                    raw[name] = degrade(old, reason)  # keep advertising last-known devices, Unhealthy
+        self._raw = raw
+        gen = int(getattr(snap, "generation", 0) or 0)
+        for name, plan in raw.items():
+            eff = self.health.apply(plan, gen, status == "ok")
+            state = self.states.get(name)
+            if state is None:
+                self.states[name] = DeviceState(eff)
+            elif state.update(eff):
+                healthy = sum(1 for d in eff.devices if d.healthy)
+                log.v(logger, 2 if healthy == len(eff.devices) else 0,
+                      "'%s': %d devices, %d healthy; pushing ListAndWatch update", name, len(eff.devices),
+                      healthy)
+        for health in ("Healthy", "Unhealthy"):
+            for name, state in self.states.items():
+                plan = state.current()[0]
+                n = sum(1 for d in plan.devices if d.healthy == (health == "Healthy"))
+                self.metrics.devices.labels(name, health).set(n if name in raw else 0)
+        self._update_nvml_metrics(snap)
+
+    def _update_nvml_metrics(self, snap: Any) -> None:
+        status = getattr(snap, "status", "ok")
+        self.metrics.nvml_stuck.set(1 if status == "stuck" else 0)
+        for s in ("starting", "ok", "stuck", "error"):
+            self.metrics.nvml_status.labels(s).set(1 if s == status else 0)
+        taken = getattr(snap, "taken_at", None)
+        if isinstance(taken, (int, float)) and taken > 0:
+            now = time.time() if taken > 1e9 else time.monotonic()
+            self.metrics.nvml_snapshot_age.set(max(0.0, now - taken))
+        timings = getattr(self.source, "call_durations", None)
+        if callable(timings):
+            try:
+                for call, secs in dict(timings()).items():
+                    self.metrics.nvml_call_duration.labels(call).set(secs)
+            except Exception:  # optional supervisor feature; never fatal
+                log.v(logger, 5, "supervisor call_durations() failed")
+
+    # ------------------------------------------------------------------------------ servers
+    def _record_crash(self, name: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        self._crashes.append(now)
+        while self._crashes and now - self._crashes[0] > self.settings.restart_window_s:
+            self._crashes.popleft()
+        self.metrics.server_restarts.labels(name).inc()
+        logger.error("GRPC server for '%s' failed: %s", name, exc)
+        if len(self._crashes) > self.settings.max_server_restarts:
+            self.fatal(f"{CRASH_MESSAGE} ({len(self._crashes)} failures within "
+                       f"{self.settings.restart_window_s:g}s); last: {exc}")
+
+    def _start_server(self, name: str) -> None:
+        server = PluginServer(self.states[name], self.allocator, self.settings, self.metrics, self.runner)
+        try:
+            server.start()
+        except Exception as exc:
+            self._record_crash(name, exc)
+            return
+        self.servers[name] = server
+        reg = self.registrars.get(name)
+        if reg is None or reg.server is not server:
+            if reg is not None:
+                reg.stop()
+            reg = self.registrars[name] = _Registrar(self, server)
+        reg.trigger()
+
+    def _stop_server(self, name: str) -> None:
+        reg = self.registrars.pop(name, None)
+        if reg is not None:
+            reg.stop()
+        server = self.servers.pop(name, None)
+        if server is not None:
+            server.stop()
+
+    def _restart_server(self, name: str, cause: str) -> None:
+        self.reregistrations += 1
+        self.metrics.reregistrations.labels(name, cause).inc()
+        self._stop_server(name)
+        self._start_server(name)
+
+    def _sync_servers(self) -> None:
+        for name in list(self.servers):
+            if name not in self._raw:
+                logger.info("resource '%s' is gone from the inventory; stopping its GRPC server", name)
+                self._stop_server(name)
+                self.states.pop(name, None)
+        for name in self._raw:
+            if name not in self.servers and not self._stop.is_set():
+                self._start_server(name)
+
+    def _kubelet_socket_ident(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.settings.kubelet_socket)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
+
+    def _check_sockets(self) -> None:
+        ident = self._kubelet_socket_ident()
+        watch_kubelet = self.settings.registration_mode == "kubelet"
+        if watch_kubelet and ident is not None and ident != self._kubelet_ident:
+            if self._kubelet_ident is not None:
+                logger.info("%s was re-created (kubelet restarted): restarting GRPC servers and "
+                            "re-registering", self.settings.kubelet_socket)
+                for name in list(self.servers):
+                    self._restart_server(name, "kubelet-restart")
+            self._kubelet_ident = ident
+        elif ident is None and self._kubelet_ident is not None:
+            self._kubelet_ident = None  # kubelet down; re-register when its socket comes back
+        for name, server in list(self.servers.items()):
+            if not server.socket_ok():
+                logger.info("plugin socket %s was deleted: restarting GRPC server for '%s' and "
+                            "re-registering", server.path, name)
+                self._restart_server(name, "socket-deleted")
+        now = time.monotonic()
+        if now - self._last_self_check >= 5.0:
+            self._last_self_check = now
+            for name, server in list(self.servers.items()):
+                problem = server.self_check(timeout=1.0)
+                if problem:
+                    self._record_crash(name, RuntimeError(problem))
+                    if not self._stop.is_set():
+                        self._restart_server(name, "unresponsive")
+
+    # ------------------------------------------------------------------------------ NVML source
+    def _start_source(self) -> Any:
+        source = self.source_factory()
+        start = getattr(source, "start", None)
+        if callable(start):
+            start()
+        self.source = source
+        snap = source.snapshot()
+        end = time.monotonic() + self.settings.first_snapshot_wait_s
+        while (getattr(snap, "status", "ok") == "starting" and time.monotonic() < end
+               and not self._stop.is_set()):
+            snap = source.wait_for_change(getattr(snap, "generation", 0), min(0.2, end - time.monotonic()))
+        return snap
+
+    def _stop_source(self) -> None:
+        source, self.source = self.source, None
+        stop = getattr(source, "stop", None)
+        if callable(stop):
+            try:
+                stop()
+            except Exception as exc:
+                logger.warning("stopping the NVML supervisor failed: %s", exc)
+
+    # ------------------------------------------------------------------------------ pause
+    def _should_pause(self) -> bool:
+        lock = self.settings.mig_apply_lock
+        return self._pause_requested.is_set() or bool(lock and os.path.exists(lock))
+
+    def _pause(self) -> None:
+        why = "SIGUSR1" if self._pause_requested.is_set() else self.settings.mig_apply_lock
+        logger.info("MIG apply lock file detected (%s): pausing device plugin, stopping GRPC servers and "
+                    "releasing NVML", why)
+        self.paused = True
+        self.metrics.paused.set(1)
+        for name in list(self.servers):
+            self._stop_server(name)
+        self._stop_source()
+        while self._should_pause() and not self._stop.is_set():
+            self._stop.wait(self.settings.poll_interval_s)
+        self.paused = False
+        self.metrics.paused.set(0)
+        if self._stop.is_set():
+            return
+        logger.info("MIG apply lock released: resuming device plugin")
+        snap = self._start_source()
+        self._apply_snapshot(snap)
+        self._sync_servers()
+
+    # ------------------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        try:
+            self._kubelet_ident = self._kubelet_socket_ident()
+            gen = -1
+            if not self._should_pause():  # a MIG reconfiguration in progress: do not even touch NVML
+                snap = self._start_source()
+                self._apply_snapshot(snap)
+                self._sync_servers()
+                gen = getattr(snap, "generation", 0)
+            while not self._stop.is_set():
+                if self._should_pause():
+                    self._pause()
+                    gen = -1
+                    continue
+                snap = self.source.wait_for_change(gen, self.settings.poll_interval_s)
+                gen = getattr(snap, "generation", 0)
+                self._apply_snapshot(snap)  # also re-evaluates health recovery every tick
+                self._sync_servers()
+                self._check_sockets()
+        except Exception as exc:  # keep the exit path orderly and the cause in the log
+            logger.exception("device plugin loop failed")
+            self._fatal = self._fatal or f"device plugin loop failed: {exc}"
+        finally:
+            self.shutdown()
+        if self._fatal:
+            logger.error("%s", self._fatal)
+            return 1
+        return 0
+
+    def shutdown(self) -> None:
+        for name in list(self.servers):
+            self._stop_server(name)
+        for reg in list(self.registrars.values()):
+            reg.stop()
+        self.registrars.clear()
+        self._stop_source()
+        self.runner.shutdown()

@@ -1,0 +1,107 @@
+"""Register a served resource with the kubelet (``kubelet.sock``), with timeouts and backoff.
+
+The plugin must already be serving: the kubelet's Register handler dials back and calls
+GetDevicePluginOptions before it answers (reference/kubelet-nvidia.md §1.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
+from hami_agent.deviceplugin.server import OPTIONS
+from hami_agent.deviceplugin.settings import API_VERSION
+
+logger = logging.getLogger(__name__)
+
+# The kubelet dials us back with a 10 s timeout inside Register, so allow that plus margin.
+REGISTER_RPC_TIMEOUT_S = 12.0
+
+
+class RegistrationError(RuntimeError):
+    """Registration failed. ``permanent``: retrying cannot help (the plugin should exit)."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def register_once(kubelet_socket: str, resource: str, endpoint: str, dial_timeout_s: float,
+                  cancelled: Callable[[], bool] | None = None) -> None:
+    """One Register call. ``cancelled`` is polled while dialing: a registration superseded by a newer
+    one (our server was restarted meanwhile) must not reach the kubelet late and replace the new one."""
+    if not os.path.exists(kubelet_socket):
+        raise RegistrationError(f"cannot dial kubelet at {kubelet_socket}: socket does not exist "
+                                "(is the kubelet running?)")
+    channel = grpc.insecure_channel(f"unix://{kubelet_socket}")
+    try:
+        ready = grpc.channel_ready_future(channel)
+        end = time.monotonic() + dial_timeout_s
+        while True:
+            if cancelled is not None and cancelled():
+                ready.cancel()
+                raise RegistrationError(f"registration of '{resource}' cancelled (superseded)")
+            try:
+                ready.result(timeout=min(0.05, max(0.0, end - time.monotonic())))
+                break
+            except grpc.FutureTimeoutError:
+                if time.monotonic() >= end:
+                    ready.cancel()
+                    raise RegistrationError(f"cannot dial kubelet at {kubelet_socket} within "
+                                            f"{dial_timeout_s:g}s (is the kubelet running?)") from None
+        if cancelled is not None and cancelled():
+            raise RegistrationError(f"registration of '{resource}' cancelled (superseded)")
+        req = api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
+                                      options=OPTIONS)
+        try:
+            api_pb2_grpc.RegistrationStub(channel).Register(req, timeout=REGISTER_RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            details = exc.details() or ""
+            low = details.lower()
+            if "unsupported version" in low or "version" in low and "support" in low:
+                raise RegistrationError(
+                    f"kubelet rejected '{resource}': {details} (this plugin speaks device plugin API "
+                    f"{API_VERSION}; the kubelet is too old or too new)", permanent=True) from None
+            if "already" in low or "taken" in low or "in use" in low:
+                raise RegistrationError(
+                    f"kubelet rejected '{resource}': {details} (another device plugin already serves "
+                    "this resource name; stop it or change resourceCountName)", permanent=True) from None
+            if "invalid" in low and "resource" in low:
+                raise RegistrationError(f"kubelet rejected '{resource}': {details}", permanent=True) from None
+            raise RegistrationError(f"Register '{resource}' with kubelet failed: "
+                                    f"{exc.code().name} {details}") from None
+    finally:
+        channel.close()
+
+
+def register_with_retry(kubelet_socket: str, resource: str, endpoint: str, dial_timeout_s: float,
+                        *, stop: threading.Event, sleep: Callable[[float], bool] | None = None,
+                        initial_backoff_s: float = 0.1, max_backoff_s: float = 5.0) -> bool:
+    """Register until it works (True), ``stop`` is set (False) or a permanent error (raised)."""
+    wait = sleep or stop.wait
+    backoff = initial_backoff_s
+    attempt = 0
+    while not stop.is_set():
+        attempt += 1
+        try:
+            register_once(kubelet_socket, resource, endpoint, dial_timeout_s, cancelled=stop.is_set)
+            logger.info("Registered device plugin for '%s' with Kubelet", resource)
+            return True
+        except RegistrationError as exc:
+            if stop.is_set():
+                return False
+            if exc.permanent:
+                logger.error("%s", exc)
+                raise
+            if attempt == 1 or attempt % 10 == 0:
+                logger.warning("%s; retrying in %.1fs (attempt %d)", exc, backoff, attempt)
+            if wait(backoff):
+                return False
+            backoff = min(max_backoff_s, backoff * 2)
+    return False
