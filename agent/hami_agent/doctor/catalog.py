@@ -1,0 +1,216 @@
+"""What each verdict code means to an operator: the symptom and background the runbooks print.
+
+How doctor detects a code and the fix come from the rules themselves (``runbooks.py`` renders both), so
+this table only holds what the rules cannot say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hami_agent.doctor.trees.seed001_scheduler import REASONS
+
+
+@dataclass(frozen=True)
+class CodeDoc:
+    title: str
+    symptom: str
+    background: str = ""
+    seed: str = ""
+
+
+_DOCS: dict[str, CodeDoc] = {
+    "KUBELET_DEVICE_MANAGER_STALL": CodeDoc(
+        "kubelet blocked in GetPreferredAllocation",
+        "Pods scheduled to the node stay Pending with only a `Scheduled` event; deleted pods stay "
+        "Terminating; "
+        "GPU and non-GPU pods alike. Restarting kubelet and the device plugin helps only until the next GPU "
+        "pod.",
+        "The kubelet admits pods serially and calls the device plugin's GetPreferredAllocation and Allocate "
+        "without a deadline (kubernetes #117435, #130855). A plugin call that never returns blocks "
+        "admission of "
+        "every later pod. The kubelet's klog line `\"Issuing a GetPreferredAllocation call for container\"` "
+        "is "
+        "then the last device-manager line for that pod: no `\"Making allocation request for device "
+        "plugin\"` "
+        "follows.",
+        "003 §3.1.6, §3.2"),
+    "NVML_INIT_HANG_KNOWN_BAD_DRIVER": CodeDoc(
+        "NVML hangs on a known-bad R570 driver",
+        "The device plugin stops answering (see KUBELET_DEVICE_MANAGER_STALL); `nvidia-smi` may hang too; "
+        "the node mixes MIG-partitioned and full GPUs.",
+        "Drivers 570.124.06, 570.133.20, 570.148.08 and 570.158.01 have an NVML regression: `nvmlInit` hangs "
+        "on nodes with a mix of MIG slices and full GPUs (NVIDIA gpu-operator #1361). Fixed in 570.172.08; "
+        "workaround: downgrade to 570.86.15 or undo the MIG split. Doctor reads the driver version from "
+        "/sys/module/nvidia/version when NVML itself hangs.",
+        "003 §3.3-§4"),
+    "NVML_HANG": CodeDoc(
+        "an NVML call does not return",
+        "The device plugin marks GPUs unhealthy or stops updating; `nvidia-smi` hangs; processes in D state.",
+        "A call into the driver did not return within doctor's deadline (default 10 s). The driver version "
+        "is not on the known-bad list, so the cause is something else: XID errors, a wedged GPU, a driver "
+        "lock held by a dead process.",
+        "003 §3.3"),
+    "KNOWN_BAD_DRIVER_WITH_MIG": CodeDoc(
+        "known-bad driver on a node that mixes MIG and full GPUs",
+        "Nothing yet, or occasional Pending pods: the seed-003 hang is intermittent (\"偶现\").",
+        "The conditions of gpu-operator #1361 hold on this node; NVML answered this time but can hang at the "
+        "next initialisation.", "003 §2, §3.4"),
+    "KNOWN_BAD_DRIVER": CodeDoc(
+        "known-bad driver (not triggered yet)",
+        "None yet.",
+        "The driver build is on the known-bad list, but the node does not mix MIG and full GPUs today. "
+        "Partitioning some GPUs with MIG would trigger the hang.", "003 §5.1"),
+    "MPS_CONTROL_BINARY_MISSING": CodeDoc(
+        "nvidia-cuda-mps-control is missing",
+        "The MPS control daemon pod is in CrashLoopBackOff with `exec: \"nvidia-cuda-mps-control\": "
+        "executable file not found in $PATH`.",
+        "Driver upgrades can remove the compute utilities that ship the MPS control binary; the privileged "
+        "MPS daemon container uses the host's binary.", "003 §5.2"),
+    "POD_STUCK_AFTER_SCHEDULING": CodeDoc(
+        "pod bound to a node but never admitted by the kubelet",
+        "`kubectl describe pod` shows only `Scheduled` (or `BindingSucceed`); no kubelet events; the pod "
+        "keeps hami.io/bind-phase=allocating.",
+        "The scheduler did its part; the kubelet on the node has not called the plugin's Allocate. Without "
+        "the node's kubelet log doctor cannot prove a device-manager stall, so it points you there.",
+        "003 §3.1.1"),
+    "NODE_NOT_FOUND": CodeDoc("node does not exist", "`kubectl get node <node>` answers NotFound."),
+    "NODE_NOT_REGISTERED": CodeDoc(
+        "no GPUs registered for the node",
+        "GPU pods never land on the node; scheduler reason `node unregistered`; the node has no "
+        "hami.io/node-nvidia-register annotation.",
+        "The device plugin writes the register annotation every 30 s after NVML enumerated the GPUs; no "
+        "annotation means the plugin is not running, NVML fails, or the patch is refused.", "000 §4.1, 001"),
+    "REGISTER_ANNOTATION_MALFORMED": CodeDoc(
+        "register annotation does not decode",
+        "Scheduler log `device decode error`; GPU pods are not placed on the node.",
+        "Usually a version skew between device plugin and scheduler (JSON since HAMi v2.8, colon text "
+        "before).", "000 §4.2, §4.3"),
+    "NVML_INIT_ERROR": CodeDoc(
+        "NVML cannot be initialised",
+        "Plugin log `nvml Init err` or `nvml GetDeviceCount err`; no GPUs registered.",
+        "The driver is not loaded, the container does not see /dev/nvidia* or the driver libraries, or "
+        "library and kernel module versions differ.", "000 §1.3, §4.1"),
+    "PATCH_NODE_ERROR": CodeDoc(
+        "device plugin cannot patch its node",
+        "Plugin log `patch node error` / `get node error`; annotations stale or absent.",
+        "RBAC (nodes get/patch), a wrong NODE_NAME, or the API server unreachable.", "000 §1.3, §4.1"),
+    "HANDSHAKE_EXPIRED": CodeDoc(
+        "scheduler handshake with the node expired",
+        "Pods Pending; scheduler log mentions the handshake; the node's GPUs vanish from the scheduler.",
+        "The scheduler writes `Requesting_<time>` to hami.io/node-handshake and, 60 s later, keeps the node "
+        "only if the kubelet reports allocatable nvidia.com/gpu > 0; otherwise it deletes the handshake and "
+        "drops the node's devices (legacy schedulers wrote `Deleted_<time>`).", "000 §4.3, 001"),
+    "NO_GPU_ALLOCATABLE": CodeDoc(
+        "kubelet reports no allocatable GPUs",
+        "`kubectl get node -o jsonpath='{.status.allocatable}'` lacks nvidia.com/gpu or shows 0.",
+        "The register annotation exists, so the plugin ran, but it is not registered with the kubelet "
+        "(socket missing, kubelet restarted and the plugin did not re-register).", "000 §6 PEND3/PEND4"),
+    "DEVICE_UNHEALTHY": CodeDoc(
+        "GPU registered as unhealthy",
+        "Fewer usable GPUs; reason CardNotHealth for pods.",
+        "The plugin marks a GPU unhealthy after a critical XID, a lost GPU, or a stuck NVML worker.",
+        "000 §3"),
+    "ALLOCATE_DEVICE_NUMBER_MISMATCH": CodeDoc(
+        "Allocate: device number not matched",
+        "Pod fails admission with `UnexpectedAdmissionError`; plugin log `device number not matched`.",
+        "The number of devices in the pod's hami.io/vgpu-devices-to-allocate entry differs from the number "
+        "the kubelet requests for the container.", "000 §4.4"),
+    "ALLOCATE_UNKNOWN_DEVICE": CodeDoc(
+        "Allocate: unknown device", "Plugin log `invalid allocation request ... unknown device`.",
+        "The kubelet asked for a device ID that the plugin no longer advertises.", "000 §4.4"),
+    "ALLOCATE_POD_NOT_FOUND": CodeDoc(
+        "Allocate cannot find the pending pod",
+        "Plugin log `failed to get pending pod` or `no binding pod found on node`.",
+        "Allocate finds its pod through the node lock owner or a pod with bind-phase=allocating on the node; "
+        "neither was readable.", "000 §4.4"),
+    "POD_DEVICES_MALFORMED": CodeDoc(
+        "pod device annotation does not decode", "Plugin log `failed to decode pod devices`.",
+        "Version skew between scheduler and plugin.", "000 §4.4"),
+    "LIBVGPU_NOT_LOADED": CodeDoc(
+        "HAMi-core (libvgpu.so) not loaded",
+        "Containers use more GPU memory than requested; no shared-region (.cache) files appear.",
+        "HAMi mounts $HOOK_PATH/vgpu/libvgpu.so and $HOOK_PATH/vgpu/ld.so.preload (as the container's "
+        "/etc/ld.so.preload) unless the container sets CUDA_DISABLE_CONTROL=true.", "000 §4.5"),
+    "DEVICE_PLUGIN_UNHEALTHY": CodeDoc(
+        "device plugin health endpoint failing", "The plugin's /healthz does not answer 200.", "", "000 §5"),
+    "PLUGIN_GRPC_CRASHING": CodeDoc(
+        "device plugin gRPC server keeps crashing", "Plugin log `GRPC server has repeatedly crashed`.",
+        "", "000 §7"),
+    "POD_NOT_FOUND": CodeDoc("pod does not exist", "`kubectl get pod` answers NotFound."),
+    "SCHEDULER_NOT_RUNNING": CodeDoc(
+        "scheduler extender not answering", "GPU pods stay Pending without HAMi events.", "", "001 C1"),
+    "NO_HAMI_RESOURCES": CodeDoc(
+        "pod requests no HAMi resource",
+        "The pod is Pending but HAMi is not involved: it requests no nvidia.com/gpu.", "", "001 C3"),
+    "WRONG_SCHEDULER_NAME": CodeDoc(
+        "pod not sent to the HAMi scheduler",
+        "GPU pod Pending with no HAMi events; spec.schedulerName is another scheduler.",
+        "HAMi's webhook normally sets schedulerName; pods created while it was down, or excluded with "
+        "hami.io/webhook=ignore, keep their own.", "001 C4/C5"),
+    "NO_SCHEDULER_EVENTS": CodeDoc(
+        "no scheduling events for a GPU pod",
+        "`kubectl describe pod` shows no events at all while the pod is Pending.",
+        "kube-scheduler (with the HAMi extender) has not processed the pod: it is not running, not leader, "
+        "or blocked.", "001 扩展排查"),
+    "BINDING_FAILED": CodeDoc(
+        "binding the pod failed", "BindingFailed event; hami.io/bind-phase=failed.",
+        "Bind takes the node lock, patches bind-phase and creates the Binding; any error (lock contention, "
+        "API errors) fails it.", "001 H"),
+    "FILTER_OK_BUT_PENDING": CodeDoc(
+        "filter succeeded but the pod is still Pending",
+        "FilteringSucceed event, yet the pod is not bound.",
+        "HAMi found a node; another scheduler plugin or the bind step stopped the pod.", "001 I"),
+    "STALE_NODE_LOCK": CodeDoc(
+        "stale node lock",
+        "GPU pods to one node bind slowly or fail with `node lock contention`.",
+        "hami.io/mutex.lock (`<RFC3339>,<ns>,<pod>`) is held by a pod that is gone or already allocated, or "
+        "for longer than the 5 minute expiry; the plugin normally releases it after Allocate.",
+        "000 §5.4, 001"),
+    "SHRREG_DEAD_LOCK_HOLDER": CodeDoc(
+        "shared region locked by a dead process",
+        "Container log `Lock shrreg timeout`; CUDA calls in the container stall.",
+        "A process holding the region's semaphore died; nobody posts it again.", "002 锁恢复流程"),
+    "SHRREG_LOCK_TIMEOUT": CodeDoc(
+        "shared-region lock timeouts", "Container log `Lock shrreg timeout`.",
+        "Either a dead holder (see SHRREG_DEAD_LOCK_HOLDER) or a transient race.", "002 速查表"),
+    "SHRREG_ZOMBIE_TASKS": CodeDoc(
+        "zombie tasks in a shared region",
+        "Memory shown as used after processes exited; `shrreg_tool --inspect` lists dead PIDs.", "",
+        "002 显存泄漏排查"),
+    "SHRREG_VERSION_MISMATCH": CodeDoc(
+        "shared region version mismatch",
+        "Container log `The current version number ... is different from the file's version number`.",
+        "Major differences are incompatible; minor ones are compatible but should be unified.",
+        "002 版本兼容性"),
+    "SHRREG_SLOTS_FULL": CodeDoc(
+        "no free process slot in a shared region", "`SET_TASK_PID FAILED`; new CUDA processes fail.", "",
+        "002 E"),
+    "SET_TASK_PID_FAILED": CodeDoc(
+        "HAMi-core could not register the host PID", "Container log `SET_TASK_PID FAILED`.", "", "002 E"),
+    "SHRREG_REGION_CORRUPT": CodeDoc(
+        "damaged shared region", "The region cannot be decoded or has impossible values.", "", "002"),
+    "CUDA_OOM": CodeDoc(
+        "CUDA out of memory under HAMi-core", "Container log `Device N OOM`; the program fails to allocate.",
+        "HAMi-core enforces nvidia.com/gpumem per container.", "002 C"),
+    "UNKNOWN": CodeDoc(
+        "no decision tree matches",
+        "A symptom (Pending pod, unanswered kubelet call, evidence that could not be collected) that none of "
+        "the seeds' trees explains.",
+        "Doctor never guesses: it prints what it saw and what it could not collect."),
+}
+
+for _reason, _code, _sev, _meaning, _fix in REASONS:
+    _DOCS[_code] = CodeDoc(
+        f"scheduler reason {_reason}",
+        f"Pod Pending; a FilteringFailed event like `1 nodes {_reason}(gpu-1)` or a FailedScheduling message "
+        f"with `1/1 {_reason}`.",
+        f"HAMi's Fit rejected the GPUs with {_reason}: {_meaning}.", "001 速查表")
+
+
+def doc_for(code: str) -> CodeDoc:
+    return _DOCS.get(code) or CodeDoc(code.replace("_", " ").lower(), "(see the summary doctor prints)")
+
+
+def documented_codes() -> list[str]:
+    return sorted(_DOCS)
