@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from hami_agent.protocol import keys
+from hami_agent.protocol.requests import hami_resource_names
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +113,7 @@ class NvidiaConfig(NodeDefaults):
     @property
     def resource_names(self) -> tuple[str, ...]:
         """All five HAMi-managed resource names (extender managedResources)."""
-        return (self.resource_count_name, self.resource_memory_name, self.resource_memory_percentage_name,
-                self.resource_core_name, self.resource_priority_name)
+        return hami_resource_names(self)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from hami_agent.protocol import keys
@@ -23,30 +23,55 @@ DEFAULT_NODE_POLICY = NODE_POLICY_BINPACK
 DEFAULT_GPU_POLICY = GPU_POLICY_SPREAD
 
 
-def _items(value: str) -> list[str]:
-    """Comma list with blanks dropped (an empty value means "no constraint")."""
-    return [v.strip() for v in value.split(",") if v.strip()]
+def split_list(value: str | None) -> tuple[str, ...]:
+    """Comma list with items trimmed and blanks dropped (an empty value means "no constraint")."""
+    if not value:
+        return ()
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+# The three matching rules below take already-split lists so that a caller checking many devices
+# (the scheduler's Fit) parses a pod's annotations once; check_type/check_uuid/mode_matches are the
+# same rules reading the annotations directly.
+
+def type_allowed(device_type: str, use: Iterable[str] = (), nouse: Iterable[str] = ()) -> bool:
+    """use/nouse-gputype rule: case-insensitive substring match of any listed type in the device type."""
+    if not use and not nouse:
+        return True
+    card = device_type.upper()
+    if use and not any(u.upper() in card for u in use):
+        return False
+    return not any(n.upper() in card for n in nouse)
+
+
+def uuid_allowed(uuid: str, use: Collection[str] = (), nouse: Collection[str] = ()) -> bool:
+    """use/nouse-gpuuuid rule: exact UUID match (items already trimmed by :func:`split_list`)."""
+    if use and uuid not in use:
+        return False
+    return not (nouse and uuid in nouse)
+
+
+def mode_allowed(wanted: str | None, device_mode: str) -> bool:
+    """vgpu-mode rule: the device passes if ``wanted`` contains its mode; an empty ``wanted`` or an
+    empty device mode always passes (HAMi v2.10)."""
+    if not wanted or not device_mode:
+        return True
+    return device_mode in wanted
 
 
 def check_type(annotations: Mapping[str, str] | None, device_type: str) -> bool:
     """``nvidia.com/use-gputype`` / ``nouse-gputype``: case-insensitive substring match on the device
     type (e.g. ``A100`` matches ``NVIDIA-NVIDIA A100-SXM4-80GB``)."""
     annotations = annotations or {}
-    card = device_type.upper()
-    use = _items(annotations.get(keys.USE_GPUTYPE, ""))
-    if use and not any(u.upper() in card for u in use):
-        return False
-    nouse = _items(annotations.get(keys.NOUSE_GPUTYPE, ""))
-    return not any(n.upper() in card for n in nouse)
+    return type_allowed(device_type, split_list(annotations.get(keys.USE_GPUTYPE, "")),
+                        split_list(annotations.get(keys.NOUSE_GPUTYPE, "")))
 
 
 def check_uuid(annotations: Mapping[str, str] | None, uuid: str) -> bool:
     """``nvidia.com/use-gpuuuid`` / ``nouse-gpuuuid``: exact (trimmed) UUID match."""
     annotations = annotations or {}
-    use = _items(annotations.get(keys.USE_GPUUUID, ""))
-    if use and uuid not in use:
-        return False
-    return uuid not in _items(annotations.get(keys.NOUSE_GPUUUID, ""))
+    return uuid_allowed(uuid, split_list(annotations.get(keys.USE_GPUUUID, "")),
+                        split_list(annotations.get(keys.NOUSE_GPUUUID, "")))
 
 
 def numa_bind(annotations: Mapping[str, str] | None) -> bool:
@@ -57,10 +82,7 @@ def numa_bind(annotations: Mapping[str, str] | None) -> bool:
 def mode_matches(annotations: Mapping[str, str] | None, device_mode: str) -> bool:
     """``nvidia.com/vgpu-mode``: the device passes if the value contains its mode. A device with an
     empty mode passes any value (HAMi v2.10 behaviour)."""
-    wanted = (annotations or {}).get(keys.VGPU_MODE, "")
-    if not wanted or not device_mode:
-        return True
-    return device_mode in wanted
+    return mode_allowed((annotations or {}).get(keys.VGPU_MODE, ""), device_mode)
 
 
 def node_scheduler_policy(annotations: Mapping[str, str] | None, default: str = DEFAULT_NODE_POLICY) -> str:
@@ -98,7 +120,11 @@ class ScoringWeights:
         return f"slot={self.slot},core={self.core},memory={self.memory}"
 
 
-_WEIGHT_RE = re.compile(r"^\s*(slot|core|memory)\s*=\s*(\d{1,9})\s*$")
+# HAMi parses each value with strconv.ParseInt(v, 10, 64): ASCII digits, an optional sign (a "+"
+# is accepted; a "-" is rejected later as negative), int64 range. Python's int() and "\d" would also
+# take "1_000" and non-ASCII digits, which HAMi rejects.
+_WEIGHT_RE = re.compile(r"^\s*(slot|core|memory)\s*=\s*\+?([0-9]{1,19})\s*$")
+_INT64_MAX = 2**63 - 1
 
 
 def parse_scoring_weights(value: str | None) -> ScoringWeights:
@@ -112,6 +138,9 @@ def parse_scoring_weights(value: str | None) -> ScoringWeights:
         if not m:
             raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {quote(part)} is not "
                                 "'<slot|core|memory>=<non-negative int>'")
+        if int(m.group(2)) > _INT64_MAX:
+            raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {quote(part)} is out of range "
+                                "(int64)")
         if m.group(1) in found:
             raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {m.group(1)!r} given twice "
                                 f"in {quote(value)}")
@@ -128,4 +157,4 @@ def parse_scoring_weights(value: str | None) -> ScoringWeights:
 
 def parse_device_cordon(value: str | None) -> frozenset[str]:
     """``hami.io/device-cordon``: comma-separated GPU UUIDs excluded from new allocations."""
-    return frozenset(_items(value or ""))
+    return frozenset(split_list(value))

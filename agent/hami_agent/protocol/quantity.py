@@ -56,3 +56,12 @@ def quantity_as_int64(value: object, what: str = "quantity") -> int | None:
     if q.denominator != 1 or not -(2**63) <= q.numerator <= INT64_MAX:
         return None
     return q.numerator
+
+
+def quantity_int(value: object, what: str = "quantity") -> int:
+    """Like :func:`quantity_as_int64`, but a fractional or out-of-range value is an error too (for
+    counts that must be whole numbers: GPUs, MIG instances, quota limits)."""
+    n = quantity_as_int64(value, what)
+    if n is None:
+        raise ProtocolError(f"{what}: {value!r} is not an integer")
+    return n

@@ -66,11 +66,17 @@ class ContainerRequest:
 
     def memory_for(self, total_mem: int) -> int:
         """Memory this request takes on a device with ``total_mem`` MiB (Fit's rule)."""
-        if self.memreq > 0:
-            return self.memreq
-        if self.mem_percentage_req != PERCENTAGE_UNSET:
-            return total_mem * self.mem_percentage_req // 100
-        return 0
+        return memory_for_request(self.memreq, self.mem_percentage_req, total_mem)
+
+
+def memory_for_request(memreq: int, mem_percentage_req: int, total_mem: int) -> int:
+    """HAMi Fit's memory rule (§3.1): ``memreq`` MiB when > 0, else ``total_mem * pct // 100`` when a
+    percentage is set (not 101), else 0."""
+    if memreq > 0:
+        return memreq
+    if mem_percentage_req != PERCENTAGE_UNSET:
+        return total_mem * mem_percentage_req // 100
+    return 0
 
 
 def _settings(cfg: Any) -> RequestSettings:
@@ -80,8 +86,8 @@ def _settings(cfg: Any) -> RequestSettings:
     return getattr(cfg, "nvidia", cfg)
 
 
-def _resource(container: Mapping[str, Any], name: str) -> tuple[bool, Any]:
-    """Limits first, then requests (HAMi's lookup order)."""
+def resource_value(container: Mapping[str, Any], name: str) -> tuple[bool, Any]:
+    """``(found, raw value)`` of resource ``name``: limits first, then requests (HAMi's lookup order)."""
     resources = container.get("resources") or {}
     for section in ("limits", "requests"):
         values = resources.get(section) or {}
@@ -90,8 +96,61 @@ def _resource(container: Mapping[str, Any], name: str) -> tuple[bool, Any]:
     return False, None
 
 
+def resource_int(container: Mapping[str, Any], name: str) -> int | None:
+    """Integer value of resource ``name`` (limits first), or None when it is absent or not an integer
+    quantity (HAMi: ``Quantity.AsInt64`` with ok=false)."""
+    found, raw = resource_value(container, name)
+    if not found:
+        return None
+    try:
+        return quantity_as_int64(raw, f"resource {name}")
+    except ProtocolError:
+        return None
+
+
+def hami_resource_names(cfg: Any = None) -> tuple[str, ...]:
+    """The five HAMi-managed resource names of ``cfg`` (count, memory, memory %, cores, priority)."""
+    s = _settings(cfg)
+    return (s.resource_count_name, s.resource_memory_name, s.resource_memory_percentage_name,
+            s.resource_core_name, s.resource_priority_name)
+
+
+def has_hami_resources(container: Mapping[str, Any], cfg: Any = None) -> bool:
+    """True when the container names any HAMi resource in its limits or requests (the webhook's test
+    for "a GPU container", whatever the values)."""
+    names = hami_resource_names(cfg)
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        values = resources.get(section) or {}
+        if any(n in values for n in names):
+            return True
+    return False
+
+
+def mig_requests(pod: Mapping[str, Any], cfg: Any = None) -> dict[str, int]:
+    """Static MIG instances a pod asks for (mixed strategy ``nvidia.com/mig-<profile>``), summed over
+    the app containers: ``{profile: count}``; zero counts are left out. Limits win over requests.
+    Raises ProtocolError naming the container and resource when a count is not a non-negative integer."""
+    names = set(hami_resource_names(cfg))
+    out: dict[str, int] = {}
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}  # limits win
+        for k, v in merged.items():
+            profile = keys.mig_profile_from_resource(k)
+            if profile is None or k in names:
+                continue
+            cname = c.get("name", "?")
+            n = quantity_as_int64(v, f"container {cname!r} resource {k}")
+            if n is None or n < 0:
+                raise ProtocolError(f"container {cname!r} resource {k}={v!r} must be a non-negative integer")
+            if n > 0:
+                out[profile] = out.get(profile, 0) + n
+    return out
+
+
 def _int_resource(container: Mapping[str, Any], name: str, cname: str) -> tuple[bool, int | None, str | None]:
-    found, raw = _resource(container, name)
+    found, raw = resource_value(container, name)
     if not found:
         return False, None, None
     try:
@@ -166,10 +225,10 @@ def webhook_resource_defaults(container: Mapping[str, Any], cfg: Any = None) -> 
     are given without a count, and ``gpucores: 100`` (exclusive default, v2.7+) when a count is present,
     cores are absent, and no memory or a 100% percentage is asked for. Returns {} when nothing to add."""
     s = _settings(cfg)
-    has_count = _resource(container, s.resource_count_name)[0]
-    has_mem, _ = _resource(container, s.resource_memory_name)
-    has_pct, pct_raw = _resource(container, s.resource_memory_percentage_name)
-    has_cores = _resource(container, s.resource_core_name)[0]
+    has_count = resource_value(container, s.resource_count_name)[0]
+    has_mem, _ = resource_value(container, s.resource_memory_name)
+    has_pct, pct_raw = resource_value(container, s.resource_memory_percentage_name)
+    has_cores = resource_value(container, s.resource_core_name)[0]
     add: dict[str, str] = {}
     if not has_count and (has_mem or has_pct or has_cores):
         add[s.resource_count_name] = str(int(s.default_gpu_num))

@@ -16,7 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from hami_agent import log
-from hami_agent.scheduler import wire
+from hami_agent.protocol import keys
+from hami_agent.protocol import reasons as R
+from hami_agent.protocol.reasons import gen_reason
 from hami_agent.scheduler.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, fit_node, node_score
 from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
 
@@ -192,11 +194,11 @@ class UsageCache:
         for profile, n in preq.mig:
             free = st.mig_capacity.get(profile, 0) - st.mig_used.get(profile, 0)
             if free < n:
-                mig_devs = sum(1 for d in st.devices if d.mode == "mig") or len(st.devices)
-                return NodeFit(False, [], wire.gen_reason({wire.CardMigTopologyInfeasible: mig_devs},
+                mig_devs = sum(1 for d in st.devices if d.mode == keys.MODE_MIG) or len(st.devices)
+                return NodeFit(False, [], gen_reason({R.CARD_MIG_TOPOLOGY_INFEASIBLE: mig_devs},
                                                           len(st.devices)),
-                               f"{wire.CardMigTopologyInfeasible}, requested {n} nvidia.com/mig-{profile} "
-                               f"but available {max(free, 0)}")
+                               f"{R.CARD_MIG_TOPOLOGY_INFEASIBLE}, requested {n} "
+                               f"{keys.mig_resource_name(profile)} but available {max(free, 0)}")
         if all(c is None for c in preq.containers):
             return NodeFit(True, [[] for _ in preq.containers])
         return fit_node(st.devices, preq, ctx, st.extras, quota)

@@ -6,6 +6,13 @@ import argparse
 import os
 import re
 
+from hami_agent.protocol.annotations import (
+    DEFAULT_GPU_POLICY,
+    DEFAULT_NODE_POLICY,
+    GPU_POLICIES,
+    NODE_POLICIES,
+)
+
 _DUR = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
 
 
@@ -42,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-lock-timeout", type=parse_duration,
                    default=parse_duration(os.environ.get("HAMI_NODELOCK_EXPIRE", "5m")),
                    help="node lock expiry (Go duration; env HAMI_NODELOCK_EXPIRE; default 5m)")
-    p.add_argument("--node-scheduler-policy", choices=("binpack", "spread"), default="binpack")
-    p.add_argument("--gpu-scheduler-policy", default="spread",
-                   help="spread|binpack|topology-aware|mutex|numa, or a chain such as binpack,numa")
+    p.add_argument("--node-scheduler-policy", choices=NODE_POLICIES, default=DEFAULT_NODE_POLICY)
+    p.add_argument("--gpu-scheduler-policy", default=DEFAULT_GPU_POLICY,
+                   help=f"{'|'.join(GPU_POLICIES)}, or a chain such as binpack,numa")
     p.add_argument("--default-mem", type=int, default=None,
                    help="MiB when a pod gives no gpumem (0 = whole card)")
     p.add_argument("--default-cores", type=int, default=None, help="gpucores when a pod gives none")
@@ -59,21 +66,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace):
+    from hami_agent.protocol.requests import RequestConfig
     from hami_agent.scheduler.extender import SchedulerConfig
-    from hami_agent.scheduler.requests import ResourceNames
 
     nv = None
     if getattr(args, "config", None):
         from hami_agent.config import load_config
 
         nv = load_config(args.config, None).nvidia
-    names = ResourceNames()
-    if nv is not None:
-        names = ResourceNames(count=nv.resource_count_name, memory=nv.resource_memory_name,
-                              memory_percentage=nv.resource_memory_percentage_name,
-                              cores=nv.resource_core_name, priority=nv.resource_priority_name,
-                              default_memory=nv.default_memory, default_cores=nv.default_cores,
-                              default_gpu_num=nv.default_gpu_num, memory_factor=nv.memory_factor)
+    # The nvidia: section itself carries the resource names and request defaults the protocol reads.
+    names = nv if nv is not None else RequestConfig()
     flags = (("default_memory", args.default_mem), ("default_cores", args.default_cores),
              ("default_gpu_num", args.default_gpu_num))
     overrides = {k: v for k, v in flags if v is not None}

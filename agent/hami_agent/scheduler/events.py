@@ -10,6 +10,8 @@ import queue
 import threading
 from typing import Any
 
+from hami_agent.protocol import ProtocolError, parse_reason
+
 logger = logging.getLogger(__name__)
 
 FILTERING_FAILED = "FilteringFailed"
@@ -25,10 +27,11 @@ def filtering_failed_messages(failed: dict[str, str]) -> list[str]:
     ``"no available node, <N> nodes do not meet"`` when no reason can be attributed."""
     by_reason: dict[str, list[str]] = {}
     for node, reason in failed.items():
-        for part in reason.split(", "):
-            count, sep, word = part.partition(" ")
-            if not (sep and "/" in count):  # bare reasons such as NodeInsufficientDevice
-                word = part
+        try:
+            words = list(parse_reason(reason))  # "<n>/<m> <Reason>, ..." (the protocol's format)
+        except ProtocolError:  # bare reasons such as NodeInsufficientDevice or "node unregistered"
+            words = [reason]
+        for word in words:
             if word:
                 by_reason.setdefault(word, []).append(node)
     if not by_reason:

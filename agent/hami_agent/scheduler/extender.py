@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami_agent import log
-from hami_agent.protocol import keys
+from hami_agent.protocol import ProtocolError, encode_pod_devices, keys
+from hami_agent.protocol.annotations import DEFAULT_GPU_POLICY, DEFAULT_NODE_POLICY
+from hami_agent.protocol.nodelock import DEFAULT_LOCK_EXPIRY
+from hami_agent.protocol.quantity import quantity_int
+from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler import events as ev
-from hami_agent.scheduler import wire
 from hami_agent.scheduler.cache import UsageCache, collapse
 from hami_agent.scheduler.fit import PodContext, QuotaBudget, pod_context
 from hami_agent.scheduler.model import PodUsage
-from hami_agent.scheduler.requests import RequestError, ResourceNames, parse_quantity, pod_request
+from hami_agent.scheduler.requests import RequestError, pod_request
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +31,12 @@ class BadRequest(ValueError):
 @dataclass
 class SchedulerConfig:
     scheduler_name: str = "hami-scheduler"
-    node_policy: str = "binpack"
-    gpu_policy: str = "spread"
-    names: ResourceNames = field(default_factory=ResourceNames)
-    node_lock_timeout_s: float = 300.0
+    node_policy: str = DEFAULT_NODE_POLICY
+    gpu_policy: str = DEFAULT_GPU_POLICY
+    # resource names and request defaults: hami_agent.config.NvidiaConfig (from --config) or the
+    # protocol's stand-alone RequestConfig (HAMi chart defaults)
+    names: RequestSettings = field(default_factory=RequestConfig)
+    node_lock_timeout_s: float = DEFAULT_LOCK_EXPIRY.total_seconds()  # HAMi NodeLockTimeout (5 min)
     event_nodes: int = 50  # fit nodes listed in a FilteringSucceed event
     quota_ttl_s: float = 10.0
     sync_timeout_s: float = 10.0  # how long /filter waits for the caches before answering an error
@@ -86,7 +91,10 @@ class Extender:
             return self._result(names=names, nodes_obj=nodes_obj)
         if not self.synced.wait(self.config.sync_timeout_s):
             return self._result(error="scheduler cache not synced yet (waiting for informers / leadership)")
-        ctx = pod_context(md.get("annotations") or {}, self.config.node_policy, self.config.gpu_policy)
+        try:
+            ctx = pod_context(md.get("annotations") or {}, self.config.node_policy, self.config.gpu_policy)
+        except ProtocolError as exc:  # HAMi: an invalid scoring-weights annotation fails the filter
+            return self._result(error=f"pod {ns}/{name}: {exc}")
         limits = self._quota_limits(ns)  # API read (cached) outside the lock
         simulate = nodes_obj is not None
         key = uid or f"{ns}/{name}"
@@ -121,7 +129,7 @@ class Extender:
                      if (n.get("metadata") or {}).get("name") == dec.node]
             return self._result(nodes_obj={"kind": "NodeList", "apiVersion": "v1", "items": items})
         if self.client is not None:
-            encoded = wire.encode_pod_devices(dec.fit.containers)
+            encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
             ann = {keys.VGPU_NODE: dec.node, keys.VGPU_TIME: str(int(time.time())),
                    keys.DEVICES_TO_ALLOCATE: encoded, keys.DEVICES_ALLOCATED: encoded}
             try:
@@ -200,18 +208,18 @@ class Extender:
         hit = self._quota.get(ns)
         if hit is not None and now - hit[0] < self.config.quota_ttl_s:
             return hit[1]
-        mem_key = "limits." + self.config.names.memory
-        core_key = "limits." + self.config.names.cores
+        mem_key = "limits." + self.config.names.resource_memory_name
+        core_key = "limits." + self.config.names.resource_core_name
         value: tuple[int | None, int | None] | None = None
         try:
             mem = cores = None
             for q in self.client.list_resource_quotas(ns):
                 hard = (q.get("spec") or {}).get("hard") or {}
                 if mem_key in hard:
-                    v = parse_quantity(hard[mem_key])
+                    v = quantity_int(hard[mem_key], f"resourcequota {mem_key}")
                     mem = v if mem is None else min(mem, v)
                 if core_key in hard:
-                    v = parse_quantity(hard[core_key])
+                    v = quantity_int(hard[core_key], f"resourcequota {core_key}")
                     cores = v if cores is None else min(cores, v)
             if mem is not None or cores is not None:
                 value = (mem, cores)

@@ -11,14 +11,17 @@ import logging
 from dataclasses import dataclass, field
 
 from hami_agent import log
-from hami_agent.scheduler import wire
+from hami_agent.protocol import ProtocolError, keys
+from hami_agent.protocol import annotations as annotations_mod
+from hami_agent.protocol import reasons as R
+from hami_agent.protocol.annotations import mode_allowed, type_allowed, uuid_allowed
+from hami_agent.protocol.reasons import gen_reason
 from hami_agent.scheduler.model import NVIDIA, ContainerDeviceRequest, DeviceUsage, Picked, PodRequest
 
 logger = logging.getLogger(__name__)
 
 WEIGHT = 10.0  # HAMi util.Weight
-GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex", "numa")
-NODE_POLICIES = ("binpack", "spread")
+_NVIDIA_LOWER = NVIDIA.lower()  # getNodeResources: device types containing the vendor word, any case
 
 
 @dataclass(frozen=True)
@@ -26,14 +29,15 @@ class PodContext:
     """Everything in a pod (besides its requests) that changes where it fits. Hashable: part of the
     fit memo key, so namespace/name are excluded from equality."""
 
+    # use/nouse lists as split by the protocol; matched by protocol.annotations.*_allowed
     use_types: tuple[str, ...] = ()
     nouse_types: tuple[str, ...] = ()
     use_uuids: frozenset[str] = frozenset()
     nouse_uuids: frozenset[str] = frozenset()
     numa_bind: bool = False
     vgpu_mode: str | None = None
-    gpu_policy: tuple[str, ...] = ("spread",)
-    node_policy: str = "binpack"
+    gpu_policy: tuple[str, ...] = (annotations_mod.DEFAULT_GPU_POLICY,)
+    node_policy: str = annotations_mod.DEFAULT_NODE_POLICY
     weights: tuple[int, int, int] = (1, 1, 1)  # slot, core, memory
 
 
@@ -71,58 +75,46 @@ class NodeFit:
     detail: str = ""  # for the -v=4 "filtered out" line
 
 
-def _split_list(value: str | None) -> tuple[str, ...]:
-    if not value:
-        return ()
-    return tuple(p.strip() for p in value.split(",") if p.strip())
+def pod_context(annotations: dict[str, str], node_policy: str = annotations_mod.DEFAULT_NODE_POLICY,
+                gpu_policy: str = annotations_mod.DEFAULT_GPU_POLICY) -> PodContext:
+    """Read the scheduling annotations of reference §3.3 once per pod (the protocol parses them).
 
-
-def pod_context(annotations: dict[str, str], node_policy: str = "binpack",
-                gpu_policy: str = "spread") -> PodContext:
-    """Read the scheduling annotations of reference §3.3; bad values fall back to the defaults."""
+    Unknown policies fall back to the flag defaults, as HAMi does (``ValidGPUSchedulerPolicy`` /
+    ``ValidNodeSchedulerPolicy``). Bad ``hami.io/device-scoring-weights`` raise ``ProtocolError``:
+    HAMi refuses to score the pod until the annotation is fixed."""
     a = annotations or {}
-    npol = a.get("hami.io/node-scheduler-policy", node_policy).strip() or node_policy
-    if npol not in NODE_POLICIES:
-        log.v(logger, 3, "unknown hami.io/node-scheduler-policy %r, using %s", npol, node_policy)
+    try:
+        npol = annotations_mod.node_scheduler_policy(a, node_policy)
+    except ProtocolError as exc:
+        log.v(logger, 3, "%s; using %s", exc, node_policy)
         npol = node_policy
-    gpol = tuple(p.lower() for p in _split_list(a.get("hami.io/gpu-scheduler-policy", gpu_policy)))
-    if not gpol or any(p not in GPU_POLICIES for p in gpol):
-        log.v(logger, 3, "unknown hami.io/gpu-scheduler-policy %r, using %s", gpol, gpu_policy)
-        gpol = tuple(_split_list(gpu_policy)) or ("spread",)
-    weights = (1, 1, 1)
-    raw_w = a.get("hami.io/device-scoring-weights")
-    if raw_w:
-        try:
-            weights = parse_weights(raw_w)
-        except ValueError as exc:
-            log.v(logger, 3, "%s; using slot=1,core=1,memory=1", exc)
+    try:
+        gpol = annotations_mod.gpu_scheduler_policy(a, gpu_policy)
+    except ProtocolError as exc:
+        log.v(logger, 3, "%s; using %s", exc, gpu_policy)
+        gpol = _default_gpu_policy(gpu_policy)
     return PodContext(
-        use_types=tuple(t.lower() for t in _split_list(a.get("nvidia.com/use-gputype"))),
-        nouse_types=tuple(t.lower() for t in _split_list(a.get("nvidia.com/nouse-gputype"))),
-        use_uuids=frozenset(_split_list(a.get("nvidia.com/use-gpuuuid"))),
-        nouse_uuids=frozenset(_split_list(a.get("nvidia.com/nouse-gpuuuid"))),
-        numa_bind=a.get("nvidia.com/numa-bind", "").strip().lower() == "true",
-        vgpu_mode=a.get("nvidia.com/vgpu-mode") or None,
-        gpu_policy=gpol, node_policy=npol, weights=weights)
+        use_types=annotations_mod.split_list(a.get(keys.USE_GPUTYPE)),
+        nouse_types=annotations_mod.split_list(a.get(keys.NOUSE_GPUTYPE)),
+        use_uuids=frozenset(annotations_mod.split_list(a.get(keys.USE_GPUUUID))),
+        nouse_uuids=frozenset(annotations_mod.split_list(a.get(keys.NOUSE_GPUUUID))),
+        numa_bind=annotations_mod.numa_bind(a),
+        vgpu_mode=a.get(keys.VGPU_MODE) or None,
+        gpu_policy=gpol, node_policy=npol, weights=parse_weights(a.get(keys.DEVICE_SCORING_WEIGHTS)))
 
 
-def parse_weights(value: str) -> tuple[int, int, int]:
-    """``slot=<int>,core=<int>,memory=<int>``: all three, non-negative, at least one > 0."""
-    got: dict[str, int] = {}
-    for part in value.split(","):
-        k, sep, v = part.partition("=")
-        k = k.strip()
-        if not sep or k not in ("slot", "core", "memory"):
-            raise ValueError(f"hami.io/device-scoring-weights {value!r}: bad entry {part!r} "
-                             "(want slot=<int>,core=<int>,memory=<int>)")
-        try:
-            got[k] = int(v.strip())
-        except ValueError as exc:
-            raise ValueError(f"hami.io/device-scoring-weights {value!r}: {k} is not an integer") from exc
-    if len(got) != 3 or any(n < 0 for n in got.values()) or not any(got.values()):
-        raise ValueError(f"hami.io/device-scoring-weights {value!r}: need all of slot, core, memory, "
-                         "non-negative, at least one > 0")
-    return got["slot"], got["core"], got["memory"]
+def _default_gpu_policy(gpu_policy: str) -> tuple[str, ...]:
+    try:
+        return annotations_mod.gpu_scheduler_policy({}, gpu_policy)
+    except ProtocolError:  # a bad --gpu-scheduler-policy flag: HAMi's own default
+        return (annotations_mod.DEFAULT_GPU_POLICY,)
+
+
+def parse_weights(value: str | None) -> tuple[int, int, int]:
+    """``hami.io/device-scoring-weights`` as the (slot, core, memory) tuple the score uses; the
+    protocol's parser decides validity (raises ``ProtocolError``, a ValueError)."""
+    w = annotations_mod.parse_scoring_weights(value)
+    return w.slot, w.core, w.memory
 
 
 # ----------------------------------------------------------------------------------------- scoring
@@ -188,27 +180,17 @@ def sort_devices(devs: list[DeviceUsage], ctx: PodContext) -> list[DeviceUsage]:
 
 # --------------------------------------------------------------------------------------------- fit
 def _type_ok(d: DeviceUsage, req: ContainerDeviceRequest, ctx: PodContext) -> bool:
-    if req.type != NVIDIA:
-        return False
-    t = d.type.lower()
-    if ctx.use_types and not any(u in t for u in ctx.use_types):
-        return False
-    if ctx.nouse_types and any(u in t for u in ctx.nouse_types):
-        return False
-    if ctx.vgpu_mode is not None and d.mode and d.mode not in ctx.vgpu_mode:
-        return False
-    return True
+    return (req.type == NVIDIA and type_allowed(d.type, ctx.use_types, ctx.nouse_types)
+            and mode_allowed(ctx.vgpu_mode, d.mode))
 
 
 def _uuid_ok(d: DeviceUsage, ctx: PodContext) -> bool:
-    if ctx.use_uuids and d.id not in ctx.use_uuids:
-        return False
-    return not (ctx.nouse_uuids and d.id in ctx.nouse_uuids)
+    return uuid_allowed(d.id, ctx.use_uuids, ctx.nouse_uuids)
 
 
 def _mig_fit(d: DeviceUsage, memreq: int) -> bool:
     """Dynamic-MIG custom rule, simplified: some allowed profile must be at least ``memreq`` MiB."""
-    if d.mode != "mig":
+    if d.mode != keys.MODE_MIG:
         return True
     return any(int(p.get("memoryMB", 0)) >= memreq for p in d.mig_profiles)
 
@@ -224,55 +206,62 @@ def fit_devices(ordered: list[DeviceUsage], req: ContainerDeviceRequest, ctx: Po
     cores = min(req.coresreq, 100)
     mutex = "mutex" in ctx.gpu_policy
     topo = ctx.gpu_policy == ("topology-aware",)
+    # Hot loop: the protocol's matching rules pass every device when the pod gives no use/nouse list
+    # and no vgpu-mode, so they are only called when it does. memreq depends on the device only
+    # through its total memory: computed again only when that changes.
+    type_filter = req.type != NVIDIA or bool(ctx.use_types or ctx.nouse_types or ctx.vgpu_mode)
+    uuid_filter = bool(ctx.use_uuids or ctx.nouse_uuids)
+    memreq, memreq_total = 0, None
     for i in range(len(ordered) - 1, -1, -1):
         d = ordered[i]
         if not d.health:
-            reasons[wire.CardNotHealth] = reasons.get(wire.CardNotHealth, 0) + 1
+            reasons[R.CARD_NOT_HEALTH] = reasons.get(R.CARD_NOT_HEALTH, 0) + 1
             continue
         if d.id in extras.cordoned:
-            reasons[wire.CardCordoned] = reasons.get(wire.CardCordoned, 0) + 1
+            reasons[R.CARD_CORDONED] = reasons.get(R.CARD_CORDONED, 0) + 1
             continue
-        if not _type_ok(d, req, ctx):
-            reasons[wire.CardTypeMismatch] = reasons.get(wire.CardTypeMismatch, 0) + 1
+        if type_filter and not _type_ok(d, req, ctx):
+            reasons[R.CARD_TYPE_MISMATCH] = reasons.get(R.CARD_TYPE_MISMATCH, 0) + 1
             continue
         if ctx.numa_bind and prevnuma != d.numa:
             if picked:
-                reasons[wire.NumaNotFit] = reasons.get(wire.NumaNotFit, 0) + len(picked)
+                reasons[R.NUMA_NOT_FIT] = reasons.get(R.NUMA_NOT_FIT, 0) + len(picked)
             nums = req.nums
             prevnuma = d.numa
             picked = []
-        if not _uuid_ok(d, ctx):
-            reasons[wire.CardUuidMismatch] = reasons.get(wire.CardUuidMismatch, 0) + 1
+        if uuid_filter and not _uuid_ok(d, ctx):
+            reasons[R.CARD_UUID_MISMATCH] = reasons.get(R.CARD_UUID_MISMATCH, 0) + 1
             continue
         if d.count <= d.used:
-            reasons[wire.CardTimeSlicingExhausted] = reasons.get(wire.CardTimeSlicingExhausted, 0) + 1
+            reasons[R.CARD_TIME_SLICING_EXHAUSTED] = reasons.get(R.CARD_TIME_SLICING_EXHAUSTED, 0) + 1
             continue
         if mutex and d.used > 0:
-            reasons[wire.ExclusiveDeviceAllocateConflict] = \
-                reasons.get(wire.ExclusiveDeviceAllocateConflict, 0) + 1
+            reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] = \
+                reasons.get(R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, 0) + 1
             continue
-        memreq = req.memory_for(d.totalmem)
+        if d.totalmem != memreq_total:
+            memreq, memreq_total = req.memory_for(d.totalmem), d.totalmem
         if quota is not None:
             pm = sum(p.usedmem for p in picked)
             pc = sum(p.usedcores for p in picked)
             if not quota.fits(pm + memreq, pc + cores):
-                reasons[wire.ResourceQuotaNotFit] = reasons.get(wire.ResourceQuotaNotFit, 0) + 1
+                reasons[R.RESOURCE_QUOTA_NOT_FIT] = reasons.get(R.RESOURCE_QUOTA_NOT_FIT, 0) + 1
                 continue
         if d.totalmem - d.usedmem < memreq:
-            reasons[wire.CardInsufficientMemory] = reasons.get(wire.CardInsufficientMemory, 0) + 1
+            reasons[R.CARD_INSUFFICIENT_MEMORY] = reasons.get(R.CARD_INSUFFICIENT_MEMORY, 0) + 1
             continue
         if d.totalcore - d.usedcores < cores:
-            reasons[wire.CardInsufficientCore] = reasons.get(wire.CardInsufficientCore, 0) + 1
+            reasons[R.CARD_INSUFFICIENT_CORE] = reasons.get(R.CARD_INSUFFICIENT_CORE, 0) + 1
             continue
         if d.totalcore == 100 and cores == 100 and d.used > 0:
-            reasons[wire.ExclusiveDeviceAllocateConflict] = \
-                reasons.get(wire.ExclusiveDeviceAllocateConflict, 0) + 1
+            reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] = \
+                reasons.get(R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, 0) + 1
             continue
         if d.totalcore != 0 and d.usedcores == d.totalcore and cores == 0:
-            reasons[wire.CardComputeUnitsExhausted] = reasons.get(wire.CardComputeUnitsExhausted, 0) + 1
+            reasons[R.CARD_COMPUTE_UNITS_EXHAUSTED] = reasons.get(R.CARD_COMPUTE_UNITS_EXHAUSTED, 0) + 1
             continue
         if not _mig_fit(d, memreq):
-            reasons[wire.CardMigTopologyInfeasible] = reasons.get(wire.CardMigTopologyInfeasible, 0) + 1
+            reasons[R.CARD_MIG_TOPOLOGY_INFEASIBLE] = reasons.get(R.CARD_MIG_TOPOLOGY_INFEASIBLE, 0) + 1
             continue
         picked.append(Picked(d.id, NVIDIA, memreq, cores))
         if topo:
@@ -283,7 +272,7 @@ def fit_devices(ordered: list[DeviceUsage], req: ContainerDeviceRequest, ctx: Po
     if topo and len(picked) >= req.nums:
         return _topology_choice(picked, req.nums, extras.pair_scores)
     if picked:
-        reasons[wire.AllocatedCardsInsufficientRequest] = len(picked)
+        reasons[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(picked)
     return None
 
 
@@ -311,13 +300,13 @@ def fit_container(devs: list[DeviceUsage], req: ContainerDeviceRequest, ctx: Pod
     Returns (picked or None, reason string, log detail)."""
     for d in devs:
         d.score = device_score(d, req, ctx.weights)
-    ordered = [d for d in sort_devices(devs, ctx) if "nvidia" in d.type.lower()]
-    if req.nums > len(ordered) and not any(d.mode == "mig" for d in ordered):
-        return None, wire.NodeInsufficientDevice, f"requested {req.nums} GPUs but the node has {len(ordered)}"
+    ordered = [d for d in sort_devices(devs, ctx) if _NVIDIA_LOWER in d.type.lower()]
+    if req.nums > len(ordered) and not any(d.mode == keys.MODE_MIG for d in ordered):
+        return None, R.NODE_INSUFFICIENT_DEVICE, f"requested {req.nums} GPUs but the node has {len(ordered)}"
     reasons: dict[str, int] = {}
     picked = fit_devices(ordered, req, ctx, extras, quota, reasons=reasons)
     if picked is None:
-        return None, wire.gen_reason(reasons, len(ordered)), _detail(reasons, ordered, req)
+        return None, gen_reason(reasons, len(ordered)), _detail(reasons, ordered, req)
     by_id = {d.id: d for d in devs}
     for p in picked:
         d = by_id[p.uuid]
@@ -331,16 +320,16 @@ def fit_container(devs: list[DeviceUsage], req: ContainerDeviceRequest, ctx: Pod
 
 def _detail(reasons: dict[str, int], devs: list[DeviceUsage], req: ContainerDeviceRequest) -> str:
     """The seed's -v=4 wording: ``CardInsufficientMemory, requested 8192Mi but available 4096Mi``."""
-    main = max(sorted(reasons), key=lambda r: reasons[r]) if reasons else wire.NodeUnfitPod
+    main = max(sorted(reasons), key=lambda r: reasons[r]) if reasons else R.NODE_UNFIT_POD
     healthy = [d for d in devs if d.health]
-    if main == wire.CardInsufficientMemory and healthy:
+    if main == R.CARD_INSUFFICIENT_MEMORY and healthy:
         best = max(healthy, key=lambda d: d.totalmem - d.usedmem)
         return (f"{main}, requested {req.memory_for(best.totalmem)}Mi but available "
                 f"{best.totalmem - best.usedmem}Mi")
-    if main == wire.CardInsufficientCore and healthy:
+    if main == R.CARD_INSUFFICIENT_CORE and healthy:
         return (f"{main}, requested {min(req.coresreq, 100)} cores but available "
                 f"{max(d.totalcore - d.usedcores for d in healthy)}")
-    if main == wire.CardTimeSlicingExhausted:
+    if main == R.CARD_TIME_SLICING_EXHAUSTED:
         return f"{main}, all {len(devs)} GPUs have every slot in use"
     return main
 

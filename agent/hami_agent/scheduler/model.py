@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-NVIDIA = "NVIDIA"
-PCT_UNSET = 101  # HAMi's sentinel for "no gpumem-percentage given"
+from hami_agent.protocol.keys import NVIDIA_DEVICE as NVIDIA
+from hami_agent.protocol.requests import PERCENTAGE_UNSET as PCT_UNSET
+from hami_agent.protocol.requests import memory_for_request
 
 
 @dataclass(slots=True)
@@ -39,7 +40,8 @@ class DeviceUsage:
 
 @dataclass(frozen=True, slots=True)
 class ContainerDeviceRequest:
-    """What one container asks of one device type (HAMi ``ContainerDeviceRequest``)."""
+    """What one container asks of one device type (HAMi ``ContainerDeviceRequest``): the fields of
+    ``protocol.ContainerRequest`` that change the fit, without the container name (memo key)."""
 
     nums: int
     type: str = NVIDIA
@@ -48,12 +50,8 @@ class ContainerDeviceRequest:
     coresreq: int = 0
 
     def memory_for(self, totalmem: int) -> int:
-        """MiB this request takes on a device with ``totalmem`` MiB (reference §3.1)."""
-        if self.memreq > 0:
-            return self.memreq
-        if self.mem_percentage != PCT_UNSET:
-            return totalmem * self.mem_percentage // 100
-        return 0
+        """MiB this request takes on a device with ``totalmem`` MiB (the protocol's rule, §3.1)."""
+        return memory_for_request(self.memreq, self.mem_percentage, totalmem)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from hami_agent import log
-from hami_agent.protocol import ProtocolError, decode_node_devices, format_requesting, keys, parse_handshake
-from hami_agent.protocol.handshake import KIND_REQUESTING
+from hami_agent.protocol import (
+    ProtocolError,
+    decode_node_devices,
+    format_requesting,
+    is_requesting,
+    keys,
+    parse_device_cordon,
+    parse_handshake,
+)
+from hami_agent.protocol.handshake import HANDSHAKE_TIMEOUT, KIND_REQUESTING
+from hami_agent.protocol.quantity import quantity_int
+from hami_agent.protocol.score import decode_pair_scores
 from hami_agent.scheduler.fit import NodeExtras
 from hami_agent.scheduler.model import DeviceUsage
-from hami_agent.scheduler.requests import parse_quantity
 
 logger = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT = timedelta(seconds=60)
 DELETE = object()  # handshake patch sentinel: delete the annotation
 
 
@@ -50,7 +57,7 @@ def mig_capacity(devices: list[DeviceUsage]) -> dict[str, int]:
     published profile contributes its number of placements (the plugin publishes existing instances)."""
     cap: dict[str, int] = {}
     for d in devices:
-        if d.mode != "mig":
+        if d.mode != keys.MODE_MIG:
             continue
         for p in d.mig_profiles:
             cap[p["name"]] = cap.get(p["name"], 0) + max(int(p.get("placements", 0)), 0)
@@ -59,17 +66,15 @@ def mig_capacity(devices: list[DeviceUsage]) -> dict[str, int]:
 
 def node_extras(node: dict) -> NodeExtras:
     a = annotations(node)
-    cordon = frozenset(u.strip() for u in (a.get(keys.DEVICE_CORDON) or "").split(",") if u.strip())
     pairs: dict[str, dict[str, int]] = {}
     raw = a.get(keys.NODE_SCORE)
     if raw:
         try:
-            for entry in json.loads(raw):
-                pairs[str(entry["uuid"])] = {str(k): int(v) for k, v in (entry.get("score") or {}).items()}
-        except (ValueError, TypeError, KeyError) as exc:
+            pairs = decode_pair_scores(raw)
+        except ProtocolError as exc:  # as HAMi: a score list that does not decode is not used at all
             log.v(logger, 3, "node %s: ignoring malformed %s: %s",
                   (node.get("metadata") or {}).get("name"), keys.NODE_SCORE, exc)
-    return NodeExtras(cordoned=cordon, pair_scores=pairs)
+    return NodeExtras(cordoned=parse_device_cordon(a.get(keys.DEVICE_CORDON)), pair_scores=pairs)
 
 
 def allocatable_gpus(node: dict, resource: str = keys.RESOURCE_COUNT) -> int:
@@ -77,8 +82,8 @@ def allocatable_gpus(node: dict, resource: str = keys.RESOURCE_COUNT) -> int:
     if raw is None:
         return 0
     try:
-        return parse_quantity(raw)
-    except ValueError:
+        return quantity_int(raw, f"allocatable {resource}")
+    except ProtocolError:
         return 0
 
 
@@ -104,7 +109,7 @@ class HandshakeTracker:
         if prev is not None and prev > 0 and alloc == 0:
             return HandshakeVerdict(False, DELETE, f"allocatable {self.resource} dropped from {prev} to 0")
         value = annotations(node).get(keys.NODE_HANDSHAKE)
-        if not value or "Requesting" not in value:
+        if not is_requesting(value):
             return HandshakeVerdict(True, format_requesting(now))
         try:
             hs = parse_handshake(value)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 
 from hami_agent import log
-from hami_agent.protocol import ProtocolError, keys
-from hami_agent.scheduler import wire
+from hami_agent.protocol import ProtocolError, decode_pod_devices, keys
 from hami_agent.scheduler.cache import collapse
 from hami_agent.scheduler.model import PodUsage
 
@@ -50,7 +49,7 @@ def pod_usage(pod: dict, mig: tuple[tuple[str, int], ...] = ()) -> PodUsage | No
     uid, ns, name = pod_key(pod)
     raw = ann.get(keys.DEVICES_ALLOCATED, "")
     try:
-        containers = wire.decode_pod_devices(raw) if raw else []
+        containers = decode_pod_devices(raw) if raw else []
     except ProtocolError as exc:
         logger.error("pod %s/%s: cannot decode %s: %s", ns, name, keys.DEVICES_ALLOCATED, exc)
         containers = []

@@ -11,7 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from hami_agent import log
-from hami_agent.protocol import keys
+from hami_agent.protocol import ProtocolError, keys
+from hami_agent.protocol.requests import RequestConfig, RequestSettings, mig_requests
 from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.nodes import (
     DELETE,
@@ -22,23 +23,22 @@ from hami_agent.scheduler.nodes import (
     node_extras,
 )
 from hami_agent.scheduler.podinfo import is_terminated, pod_key, pod_usage
-from hami_agent.scheduler.requests import RequestError, ResourceNames, pod_request
 
 logger = logging.getLogger(__name__)
 
 
 class ClusterSync:
-    def __init__(self, client: Any, cache: UsageCache, names: ResourceNames | None = None, *,
+    def __init__(self, client: Any, cache: UsageCache, names: RequestSettings | None = None, *,
                  is_leader: Callable[[], bool] = lambda: True, interval_s: float = 15.0,
                  now: Callable[[], datetime] = datetime.now, node_label_selector: str | None = None) -> None:
         self.client = client
         self.cache = cache
-        self.names = names or ResourceNames()
+        self.names = names or RequestConfig()
         self.is_leader = is_leader
         self.interval_s = interval_s
         self.now = now
         self.node_label_selector = node_label_selector
-        self.tracker = HandshakeTracker(resource=self.names.count)
+        self.tracker = HandshakeTracker(resource=self.names.resource_count_name)
         self.dropped: set[str] = set()  # nodes taken out by the handshake rules
         self._last_register: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -128,7 +128,8 @@ class ClusterSync:
             if name in self.dropped:
                 if self._alloc_zero(node):
                     continue  # stays out while kubelet reports no GPUs (HAMi would flap it back in)
-                logger.info("node %s: allocatable %s is back; re-adding its GPUs", name, self.names.count)
+                logger.info("node %s: allocatable %s is back; re-adding its GPUs", name,
+                            self.names.resource_count_name)
                 with self._lock:
                     self.dropped.discard(name)
                     self._last_register.pop(name, None)
@@ -151,7 +152,7 @@ class ClusterSync:
     def _alloc_zero(self, node: dict) -> bool:
         from hami_agent.scheduler.nodes import allocatable_gpus
 
-        return allocatable_gpus(node, self.names.count) == 0
+        return allocatable_gpus(node, self.names.resource_count_name) == 0
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -170,8 +171,8 @@ class ClusterSync:
             return
         mig: tuple = ()
         try:
-            mig = pod_request(pod, self.names).mig
-        except RequestError:
+            mig = tuple(sorted(mig_requests(pod, self.names).items()))
+        except ProtocolError:
             pass
         u = pod_usage(pod, mig)
         if u is not None:

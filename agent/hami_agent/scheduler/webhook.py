@@ -14,9 +14,8 @@ import logging
 from typing import Any
 
 from hami_agent.protocol import keys
-from hami_agent.protocol.requests import webhook_resource_defaults
+from hami_agent.protocol.requests import has_hami_resources, resource_int, webhook_resource_defaults
 from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
-from hami_agent.scheduler.requests import ResourceNames, _proto_config, has_hami_resources, parse_quantity
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +70,13 @@ class Webhook:
             return {"allowed": True}
         new = copy.deepcopy(pod)
         nspec = new.setdefault("spec", {})
-        cfg = _proto_config(names)
         gpu_containers = 0
         for kind in ("initContainers", "containers"):
             for c in nspec.get(kind) or []:
-                add = webhook_resource_defaults(c, cfg)
+                add = webhook_resource_defaults(c, names)
                 if add:
                     c.setdefault("resources", {}).setdefault("limits", {}).update(add)
-                if not has_hami_resources({"spec": {"containers": [c]}}, names):
+                if not has_hami_resources(c, names):
                     if self.config.overwrite_env:
                         self._set_env(c, "NVIDIA_VISIBLE_DEVICES", "none")
                     continue
@@ -86,7 +84,7 @@ class Webhook:
                 sc = c.get("securityContext") or {}
                 if sc.get("privileged"):
                     return _deny(f"container {c.get('name')} is privileged")
-                prio = _limit(c, names.priority)
+                prio = resource_int(c, names.resource_priority_name)
                 if prio is not None:
                     self._set_env(c, "CUDA_TASK_PRIORITY", str(prio))
                 if self.config.gpu_core_policy not in ("", "default"):
@@ -130,10 +128,11 @@ class Webhook:
             return True
         mem_left, cores_left = left
         mem = cores = 0
+        names = self.config.names
         for c in (pod.get("spec") or {}).get("containers") or []:
-            n = _limit(c, self.config.names.count) or 0
-            mem += n * (_limit(c, self.config.names.memory) or 0) * self.config.names.memory_factor
-            cores += n * (_limit(c, self.config.names.cores) or 0)
+            n = resource_int(c, names.resource_count_name) or 0
+            mem += n * (resource_int(c, names.resource_memory_name) or 0) * names.memory_factor
+            cores += n * (resource_int(c, names.resource_core_name) or 0)
         return (mem_left is None or mem <= mem_left) and (cores_left is None or cores <= cores_left)
 
     @staticmethod
@@ -156,18 +155,6 @@ class Webhook:
         return ops
 
 
-def _limit(c: dict, name: str) -> int | None:
-    res = c.get("resources") or {}
-    for part in ("limits", "requests"):
-        v = (res.get(part) or {}).get(name)
-        if v is not None:
-            try:
-                return parse_quantity(v)
-            except ValueError:
-                return None
-    return None
-
-
 def _deny(message: str) -> dict:
     return {"allowed": False, "status": {"code": 400, "reason": "BadRequest", "message": message}}
 
@@ -180,4 +167,4 @@ def quota_left_fn(extender: Any):
     return quota
 
 
-__all__ = ["SCHEDULER_OWNED", "ResourceNames", "Webhook", "quota_left_fn"]
+__all__ = ["SCHEDULER_OWNED", "Webhook", "quota_left_fn"]

@@ -6,12 +6,13 @@ import argparse
 
 import pytest
 
+from hami_agent.protocol.requests import RequestConfig
 from hami_agent.scheduler import events as ev
 from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.cmd import add_arguments, build_config, parse_duration
 from hami_agent.scheduler.fit import PodContext
 from hami_agent.scheduler.model import PodRequest, PodUsage
-from hami_agent.scheduler.requests import RequestError, ResourceNames, pod_request
+from hami_agent.scheduler.requests import RequestError, pod_request
 from tests.unit.scheduler.helpers import dev, gpu_pod
 
 pytestmark = pytest.mark.unit
@@ -33,18 +34,18 @@ def test_static_mig_resources_counted_from_register():
 
 def test_pod_request_parsing():
     p = gpu_pod("p", gpus=2, mem=1000, cores=30, init=[{"name": "i", "resources": {"limits": {"cpu": "1"}}}])
-    r = pod_request(p, ResourceNames())
+    r = pod_request(p, RequestConfig())
     assert r.n_init == 1 and r.containers[0] is None
     assert (r.containers[1].nums, r.containers[1].memreq, r.containers[1].coresreq) == (2, 1000, 30)
-    pct = pod_request(gpu_pod("q"), ResourceNames()).containers[0]
+    pct = pod_request(gpu_pod("q"), RequestConfig()).containers[0]
     assert pct.mem_percentage == 100 and pct.memreq == 0  # no memory given: whole card
-    dflt = pod_request(gpu_pod("q"), ResourceNames(default_memory=2000)).containers[0]
+    dflt = pod_request(gpu_pod("q"), RequestConfig(default_memory=2000)).containers[0]
     assert dflt.memreq == 2000
     p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "2"
-    assert pod_request(p, ResourceNames()).mig == (("1g.10gb", 2),)
+    assert pod_request(p, RequestConfig()).mig == (("1g.10gb", 2),)
     p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "-5"
     with pytest.raises(RequestError, match="nvidia.com/gpumem"):
-        pod_request(p, ResourceNames())
+        pod_request(p, RequestConfig())
 
 
 def test_durations_and_flags():
