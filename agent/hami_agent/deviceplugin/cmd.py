@@ -196,7 +196,8 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
     if client is not None and not args.no_node_register:
         from hami_agent.deviceplugin.register import NodeRegistrar
 
-        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg)
+        # The annotation must advertise the mode this plugin actually serves (dynamic MIG is not served).
+        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg, mode=settings.mode)
         registrar_thread = registrar.start(stop)
 
     def on_term(signum: int, _frame: Any) -> None:
