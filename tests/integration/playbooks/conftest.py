@@ -1,0 +1,1 @@
+from tests.sim.fixtures import api_server  # noqa: F401
