@@ -43,6 +43,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="this node's Kubernetes name (env NODE_NAME)")
     parser.add_argument("--config", default=os.environ.get("CONFIG_FILE"),
                         help="agent config file: HAMi device-config.yaml or JSON (env CONFIG_FILE)")
+    parser.add_argument("--node-config", default=os.environ.get("NODE_CONFIG_FILE"),
+                        help="HAMi per-node config JSON, e.g. /config/config.json (env NODE_CONFIG_FILE)")
 
 
 def _load(module_path: str):

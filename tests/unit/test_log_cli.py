@@ -63,3 +63,11 @@ def test_unknown_command_exits_2():
 
 def teardown_module():
     logging.getLogger(log.ROOT_LOGGER).handlers.clear()
+
+
+def test_common_flags_include_node_config_with_env_fallback(monkeypatch):
+    args = cli.build_parser().parse_args(["devices", "--node-config", "/config/config.json"])
+    assert args.node_config == "/config/config.json"
+    monkeypatch.setenv("NODE_CONFIG_FILE", "/etc/hami/node-config.json")
+    args = cli.build_parser().parse_args(["device-plugin"])
+    assert args.node_config == "/etc/hami/node-config.json"

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from hami_agent.deviceplugin.settings import MODE_MPS, SettingsError
 
     try:
-        cfg = load_config(args.config, args.node_name)
+        cfg = load_config(args.config, args.node_name, node_config_path=args.node_config)
         settings = build_settings(args, cfg)
         settings.validate()
     except (ConfigError, SettingsError, OSError) as exc:
@@ -197,7 +197,8 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         from hami_agent.deviceplugin.register import NodeRegistrar
 
         # The annotation must advertise the mode this plugin actually serves (dynamic MIG is not served).
-        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg, mode=settings.mode)
+        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg,
+                                  mode=settings.mode)
         registrar_thread = registrar.start(stop)
 
     def on_term(signum: int, _frame: Any) -> None:

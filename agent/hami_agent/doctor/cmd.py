@@ -141,13 +141,14 @@ def run(args: argparse.Namespace) -> int:
         if path and not os.path.isfile(path):
             return _usage(f"--{flag.replace('_', '-')} {path}: no such file")
     ctx = _context(args)
-    if getattr(args, "config", None):
+    if getattr(args, "config", None) or getattr(args, "node_config", None):
         from hami_agent.config import ConfigError, load_config
 
         try:
-            ctx.config = load_config(args.config, getattr(args, "node_name", None))
+            ctx.config = load_config(args.config, getattr(args, "node_name", None),
+                                     node_config_path=getattr(args, "node_config", None))
         except (ConfigError, OSError) as exc:
-            return _usage(f"--config {args.config}: {exc}")
+            return _usage(f"--config/--node-config: {exc}")
     if action == "logs":
         report = diagnose.diagnose_logs(ctx)
     else:
