@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps gpusim test test-fast lint bench demo clean
+.PHONY: setup system-deps gpusim test test-fast lint bench demo demo-quick sandbox-up sandbox-down clean
 
 setup: $(STAMP) gpusim
 
@@ -33,14 +33,25 @@ test-fast: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not molecule and not e2e" $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check agent tests benchmarks plugins
+	$(BIN)/ruff check agent tests benchmarks plugins sandbox
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/lint-ansible.sh
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks
 
+# The main job on the embedded default: the sandbox of simulated GPU nodes (needs root + podman).
 demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/demo.sh
+
+# No containers: the seed 003 node on gpusim, its inventory and the bounded NVML hang (seconds).
+demo-quick: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m hami_agent.demo
+
+sandbox-up: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sandbox up --provision
+
+sandbox-down:
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sandbox down
 
 clean:
 	$(MAKE) -C tests/gpusim clean

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo`: runs, on the simulated seed-003 node, everything that is built so far.
+# `make demo`: the sandbox demo (simulated GPU nodes provisioned with site.yml, seed 003 replayed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python -m hami_agent.demo "$@"
+exec python -m sandbox demo "$@"
