@@ -78,6 +78,21 @@ def test_driver_version_from_proc_when_sys_is_absent(tmp_path: Path) -> None:
     assert f.has("mig.mixed") is False  # no GPU list: MIG layout unknown, not guessed
 
 
+def test_driver_version_from_hami_sysfs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # simulated nodes keep the loaded module version outside /sys (HAMI_SYSFS_ROOT, as the NVML layer)
+    sysfs = tmp_path / "run/gpusim/sys/module/nvidia"
+    sysfs.mkdir(parents=True)
+    (sysfs / "version").write_text("570.158.01\n")
+    (tmp_path / "sys/module/nvidia").mkdir(parents=True)
+    (tmp_path / "sys/module/nvidia/version").write_text("570.172.08\n")
+    monkeypatch.setenv("HAMI_SYSFS_ROOT", str(tmp_path / "run/gpusim/sys"))
+    f = Facts()
+    host.collect_driver_files(Context(host_root=str(tmp_path)), f)
+    host.derive_driver_facts(f)
+    assert f.get("driver.version") == "570.158.01"
+    assert f.get("driver.known_bad") is True
+
+
 def test_mig_layout_from_node_allocatable_when_nothing_else() -> None:
     f = Facts()
     f.set("node.found", True)

@@ -17,6 +17,7 @@ from hami_agent.doctor.collect.base import Context
 from hami_agent.doctor.model import Facts
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
+SYSFS_ROOT_ENV = "HAMI_SYSFS_ROOT"
 MAX_REGIONS = 200
 _PROC_VERSION = re.compile(r"Kernel Module\s+(\d+\.\d+(?:\.\d+)?)")
 _MINOR = re.compile(r"Device Minor:\s*(\d+)")
@@ -34,7 +35,11 @@ def _read(path: str, limit: int = 65536) -> str | None:
 def collect_driver_files(ctx: Context, facts: Facts) -> None:
     """The loaded kernel module's version and the MIG layout from /sys and /proc: these need no NVML,
     so they still answer when NVML hangs (seed 003)."""
-    sys_path = ctx.host_path("/sys/module/nvidia/version")
+    # HAMI_SYSFS_ROOT: the same override the NVML layer and the Ansible modules honour (simulated nodes
+    # keep the loaded module version outside /sys, which a container cannot fake).
+    sysfs_root = os.environ.get(SYSFS_ROOT_ENV)
+    sys_path = (os.path.join(sysfs_root, "module/nvidia/version") if sysfs_root
+                else ctx.host_path("/sys/module/nvidia/version"))
     proc_path = ctx.host_path("/proc/driver/nvidia/version")
     text = _read(sys_path)
     if text and text.strip():
