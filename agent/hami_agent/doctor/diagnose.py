@@ -166,8 +166,13 @@ def diagnose_cluster(ctx: Context, local_node: str | None = None, max_pods: int 
         gpus = str(((node.get("status") or {}).get("capacity") or {}).get("nvidia.com/gpu", "0"))
         if not any(k.startswith("hami.io/") for k in ann) and gpus in ("", "0"):
             continue  # not a GPU node: nothing for HAMi to diagnose
+        local = name == local_node
         sub = _sub_context(ctx, node_name=name)
-        report.children.append(diagnose_node(sub, local=(name == local_node)))
+        if not local:
+            # --plugin-url and the log files describe the node doctor runs on: applying them to every
+            # node would pin one node's NVML hang on all of them.
+            sub = _sub_context(sub, plugin_url=None, plugin_log=None, kubelet_log=None, hami_core_log=None)
+        report.children.append(diagnose_node(sub, local=local))
     pending = 0
     for pod in box.get("pods", []):
         if pending >= max_pods:

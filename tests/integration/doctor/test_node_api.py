@@ -140,3 +140,26 @@ def test_plugin_metrics_report_a_stuck_nvml_worker(api_server, capsys) -> None:
     assert "DEVICE_PLUGIN_UNHEALTHY" in codes(report)
     evidence = verdict(report, "NVML_HANG")["evidence"]
     assert any("hami_device_plugin_nvml_stuck = 1" in line for line in evidence)
+
+
+def test_cluster_applies_the_local_plugin_endpoint_to_the_local_node_only(api_server, capsys) -> None:
+    """Regression (sandbox demo): `doctor cluster --node-name A --plugin-url <A's plugin>` reported A's
+    NVML hang on every GPU node."""
+    from hami_agent.deviceplugin.httpserver import OpsServer
+    from hami_agent.deviceplugin.metrics import PluginMetrics
+
+    hs = format_requesting(datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=20))
+    for name in ("gpu-1", "gpu-2"):
+        api_server.create(node(name=name, annotations=_ann(hs)))
+    metrics = PluginMetrics()
+    metrics.nvml_stuck.set(1)
+    ops = OpsServer("127.0.0.1:0", metrics.registry, lambda: (False, "nvml worker stuck")).start()
+    try:
+        rc, report = run_doctor(capsys, "cluster", "--kubeconfig", api_server.kubeconfig_path,
+                                "--node-name", "gpu-1", "--no-journal", "--no-nvml",
+                                "--plugin-url", f"http://127.0.0.1:{ops.port}")
+    finally:
+        ops.stop()
+    assert rc == 1
+    hangs = [v for v in report["verdicts"] if v["code"] == "NVML_HANG"]
+    assert [v["subject"] for v in hangs] == ["node gpu-1"]
