@@ -3,6 +3,7 @@ import logging
 import re
 
 import pytest
+
 from hami_agent import __version__, cli, log
 
 pytestmark = pytest.mark.unit
