@@ -8,17 +8,22 @@ from hami_agent.nvml.health import DEFAULT_IGNORED_XIDS, XidPolicy
 from hami_agent.nvml.inventory import collect_inventory
 from hami_agent.nvml.model import Gpu, MigDevice, Snapshot, device_type, mig_profile_name
 from hami_agent.nvml.supervisor import NvmlSupervisor
+from hami_agent.nvml.usage import GpuUsage, ProcessUsage, Usage, collect_usage
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
     "Gpu",
+    "GpuUsage",
     "MigDevice",
     "NvmlError",
     "NvmlSupervisor",
     "NvmlTimeout",
+    "ProcessUsage",
     "Snapshot",
+    "Usage",
     "XidPolicy",
     "collect_inventory",
+    "collect_usage",
     "device_type",
     "mig_profile_name",
 ]

@@ -105,15 +105,18 @@ def warn_memory_not_supported(snapshot: Snapshot, already: set[int] | None = Non
                        "preConfiguredDeviceMemory in the device config to advertise its memory", index)
 
 
-def collect_inventory(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Snapshot:
-    """One-shot inventory in a throw-away worker. Raises ``NvmlError`` (worded like HAMi's logs) or
-    ``NvmlTimeout`` naming the NVML call that did not return within ``timeout_s`` (the worker is
-    SIGKILLed and abandoned, never waited for)."""
+def run_worker_once(mode: str, expect: str, lib_path: str | os.PathLike[str] | None,
+                    timeout_s: float) -> dict[str, Any]:
+    """Run a throw-away worker in ``mode`` and return the ``data`` of its first ``expect`` message.
+
+    Raises ``NvmlError`` (the worker's fatal error, worded like HAMi's logs) or ``NvmlTimeout`` naming the
+    NVML call in flight when ``timeout_s`` ran out (the worker is SIGKILLed and abandoned, never waited
+    for). Each call also has ``timeout_s`` as its own deadline, so one hung call is all it takes."""
     if timeout_s <= 0:
         raise ValueError("timeout_s must be > 0")
     lib = resolve_lib_path(lib_path)
     check_lib_path(lib)
-    worker = WorkerProcess(mode="once", lib_path=lib, call_limit_s=timeout_s)
+    worker = WorkerProcess(mode=mode, lib_path=lib, call_limit_s=timeout_s)
     worker.start()
     deadline = time.monotonic() + timeout_s
     try:
@@ -128,14 +131,22 @@ def collect_inventory(lib_path: str | os.PathLike[str] | None = None, timeout_s:
                 continue
             if msg is None:
                 code = worker.exit_code()
-                raise NvmlError(f"nvml worker exited (code {code}) before reporting the inventory")
+                raise NvmlError(f"nvml worker exited (code {code}) before reporting the {expect}")
             if msg.get("t") == "error" and msg.get("fatal"):
                 raise NvmlError(str(msg.get("msg")), call=msg.get("fn"), code=msg.get("code"))
             if msg.get("t") == "error":
                 logger.warning("%s", msg.get("msg"))
-            if msg.get("t") == "inventory":
-                snap = build_snapshot(msg["data"], generation=1)
-                warn_memory_not_supported(snap)
-                return snap
+            if msg.get("t") == expect:
+                return dict(msg["data"])
     finally:
         worker.stop(grace_s=0.5)
+
+
+def collect_inventory(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Snapshot:
+    """One-shot inventory in a throw-away worker. Raises ``NvmlError`` (worded like HAMi's logs) or
+    ``NvmlTimeout`` naming the NVML call that did not return within ``timeout_s`` (the worker is
+    SIGKILLed and abandoned, never waited for)."""
+    data = run_worker_once("once", "inventory", lib_path, timeout_s)
+    snap = build_snapshot(data, generation=1)
+    warn_memory_not_supported(snap)
+    return snap

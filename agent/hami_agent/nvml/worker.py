@@ -7,6 +7,7 @@ stdout, one JSON object per line:
   {"t": "begin", "k": 7, "fn": "nvmlInit", "limit": 5.0}     an NVML call starts (deadline: limit s)
   {"t": "end", "k": 7, "fn": "nvmlInit", "s": 0.0012}         it returned after s seconds
   {"t": "inventory", "data": {...}}                            a full inventory (see ``collect``)
+  {"t": "usage", "data": {...}}                                per-GPU and per-process usage (mode usage)
   {"t": "event", "index": 3, "uuid": "GPU-...", "xid": 79, "gi": null, "ci": null}
   {"t": "error", "fn": "...", "code": 9, "msg": "nvml Init err: Driver Not Loaded", "fatal": true}
   {"t": "bye"}
@@ -209,6 +210,52 @@ class Collector:
         return out
 
 
+    def usage(self) -> dict[str, Any]:
+        """Memory used, utilization and compute processes per full GPU (MIG devices are not walked:
+        on a MIG GPU the full-GPU handle lists the processes of all its MIG devices)."""
+        p, nv = self.nv.pynvml, self.nv
+        gpus: list[dict[str, Any]] = []
+        procs: list[dict[str, Any]] = []
+        count = nv.call("nvmlDeviceGetCount", p.nvmlDeviceGetCount)
+        for index in range(count):
+            g: dict[str, Any] = {"index": index}
+            gpus.append(g)
+            try:
+                h = nv.call("nvmlDeviceGetHandleByIndex", p.nvmlDeviceGetHandleByIndex, index)
+                g["uuid"] = _text(nv.call("nvmlDeviceGetUUID", p.nvmlDeviceGetUUID, h))
+                g["name"] = _text(nv.call("nvmlDeviceGetName", p.nvmlDeviceGetName, h))
+            except p.NVMLError as exc:
+                g["error"] = _err_text(exc)  # lost GPU and the like: no identity, nothing else to ask
+                continue
+            g["memory_used_bytes"] = None
+            try:
+                g["memory_used_bytes"] = int(nv.call("nvmlDeviceGetMemoryInfo", p.nvmlDeviceGetMemoryInfo,
+                                                     h).used)
+            except p.NVMLError:
+                pass  # NOT_SUPPORTED on unified-memory GPUs
+            g["utilization"] = None
+            try:
+                g["utilization"] = int(nv.call("nvmlDeviceGetUtilizationRates",
+                                               p.nvmlDeviceGetUtilizationRates, h).gpu)
+            except p.NVMLError:
+                pass  # NOT_SUPPORTED while MIG is enabled
+            try:
+                # pynvml's unversioned name calls the _v3 entry point; announce the real one
+                running = nv.call("nvmlDeviceGetComputeRunningProcesses_v3",
+                                  p.nvmlDeviceGetComputeRunningProcesses, h)
+            except p.NVMLError:
+                running = []
+            for r in running:
+                used = r.usedGpuMemory  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
+                procs.append({"gpu_uuid": g["uuid"], "pid": int(r.pid),
+                              "used_bytes": None if used is None else int(used)})
+        return {"gpus": gpus, "processes": procs}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _slices_from_name(name: str) -> int:
     profile = name.rsplit(" MIG ", 1)[-1]
     digits = profile.split("g.", 1)[0]
@@ -276,7 +323,7 @@ def _exit_on_stdin_eof() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hami_agent.nvml.worker")
-    ap.add_argument("--mode", choices=["once", "watch"], default="once")
+    ap.add_argument("--mode", choices=["once", "watch", "usage"], default="once")
     ap.add_argument("--lib", default=None)
     ap.add_argument("--refresh", type=float, default=10.0)
     ap.add_argument("--call-limit", type=float, default=5.0)
@@ -319,13 +366,16 @@ def main(argv: list[str] | None = None) -> int:
                          name="nvml-events").start()
     while True:
         try:
-            chan.send({"t": "inventory", "data": collector.inventory()})
+            if args.mode == "usage":
+                chan.send({"t": "usage", "data": collector.usage()})
+            else:
+                chan.send({"t": "inventory", "data": collector.inventory()})
         except p.NVMLError as exc:
             fn = "nvmlDeviceGetCount"
             chan.send({"t": "error", "fn": fn, "code": getattr(exc, "value", None), "fatal": True,
                        "msg": f"{phrase_for(fn)}: {_err_text(exc)}"})
             return 1
-        if args.mode == "once":
+        if args.mode != "watch":
             break
         time.sleep(args.refresh)
     stop.set()

@@ -1,0 +1,69 @@
+"""Per-GPU and per-process usage (memory used, utilization, compute processes), read one-shot by the
+supervised NVML worker (``--mode usage``): the same child process, per-call deadlines and error wording as
+the inventory. Used by the leak analysis (``shrreg``) and the monitor's host metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hami_agent.nvml.inventory import run_worker_once
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    index: int
+    uuid: str
+    name: str  # NVML name, e.g. "NVIDIA H20"
+    memory_used_bytes: int | None  # None: GetMemoryInfo NOT_SUPPORTED (unified memory)
+    utilization: int | None  # utilization.gpu percent; None: NOT_SUPPORTED (MIG enabled)
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """One row of nvmlDeviceGetComputeRunningProcesses on a full-GPU handle (host PID)."""
+
+    gpu_uuid: str
+    pid: int
+    used_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE (e.g. no permission, some MIG setups)
+
+
+@dataclass(frozen=True)
+class Usage:
+    gpus: tuple[GpuUsage, ...]
+    processes: tuple[ProcessUsage, ...]
+    problems: tuple[str, ...] = ()  # GPUs left out, each with NVML's reason (e.g. "GPU is lost")
+
+
+def build_usage(data: Mapping[str, Any]) -> Usage:
+    """Model of the worker's ``usage`` data; a GPU NVML could not identify is left out and named."""
+    gpus: list[GpuUsage] = []
+    problems: list[str] = []
+    for raw in data.get("gpus", []):
+        index = int(raw["index"])
+        if raw.get("error") or "uuid" not in raw:
+            problems.append(f"GPU {index}: {raw.get('error') or 'NVML gave no details'}; usage not listed")
+            logger.error("%s", problems[-1])
+            continue
+        mem, util = raw.get("memory_used_bytes"), raw.get("utilization")
+        gpus.append(GpuUsage(index=index, uuid=str(raw["uuid"]), name=str(raw["name"]),
+                             memory_used_bytes=None if mem is None else int(mem),
+                             utilization=None if util is None else int(util)))
+    procs = tuple(
+        ProcessUsage(gpu_uuid=str(p["gpu_uuid"]), pid=int(p["pid"]),
+                     used_bytes=None if p.get("used_bytes") is None else int(p["used_bytes"]))
+        for p in data.get("processes", [])
+    )
+    return Usage(gpus=tuple(gpus), processes=procs, problems=tuple(problems))
+
+
+def collect_usage(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Usage:
+    """One-shot usage in a throw-away worker. Library: ``lib_path``, else ``$HAMI_NVML_LIBRARY``, else the
+    system's. Raises ``NvmlError`` (e.g. ``nvml Init err: ...``) or ``NvmlTimeout`` naming the NVML call
+    that did not return within ``timeout_s`` (the worker is SIGKILLed and abandoned)."""
+    return build_usage(run_worker_once("usage", "usage", lib_path, timeout_s))
