@@ -10,8 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hami_agent import log
-
 
 def build_parser() -> argparse.ArgumentParser:
     from hami_agent.cli import add_common_arguments
@@ -27,19 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run = getattr(args, "run", None)
-    if run is None:
-        parser.print_help(sys.stderr)
-        return 2
-    log.setup(getattr(args, "verbosity", 0))
-    try:
-        return int(run(args))
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
+    from hami_agent.cli import dispatch
+
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
