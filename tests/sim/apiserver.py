@@ -31,6 +31,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
+from tests.sim.apiserver_rbac import (
+    BOOTSTRAP_CLUSTER_ROLES,
+    RbacAuthorizer,
+    RequestAttributes,
+    forbidden,
+    request_attributes,
+    unauthorized,
+)
 from tests.sim.apiserver_store import (
     RESOURCES,
     ApiError,
@@ -71,6 +80,19 @@ class RequestRecord:
     query: dict[str, str]
     content_type: str | None
     body: Any
+    user: str | None = None  # the authenticated username (the admin when authentication is off)
+
+
+@dataclass
+class AuditRecord:
+    """One request as the audit log would show it: who, what (RBAC attributes), the answer, and the
+    admission audit annotations (ValidatingAdmissionPolicy ``auditAnnotations`` / validation failures)."""
+
+    user: UserInfo
+    attrs: RequestAttributes | None = None
+    code: int = 0
+    annotations: dict[str, str] | None = None
+    warnings: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip() or None
         body: Any = None
         length = int(self.headers.get("Content-Length") or 0)
+        audit: AuditRecord | None = None
         try:
             if length:
                 raw = self.rfile.read(length)
@@ -139,18 +162,22 @@ class _Handler(BaseHTTPRequestHandler):
                     body = json.loads(raw)
                 except ValueError:
                     raise bad_request(f"the request body is not valid JSON: {raw[:80]!r}") from None
-            api._log(RequestRecord(method, parts.path, query, content_type, body))
+            user = api._authenticate(self.headers.get("Authorization"))
+            audit = AuditRecord(user)
+            api._log(RequestRecord(method, parts.path, query, content_type, body, user.username))
             api._apply_faults(method, parts.path)
-            status, payload = api._handle(method, parts.path, query, content_type, body, self)
+            status, payload = api._handle(method, parts.path, query, content_type, body, self, audit)
         except ApiError as e:
             headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
-            self._send_json(e.code, e.status(), headers)
+            api._audit(audit, e.code)
+            self._send_json(e.code, e.status(), {**headers, **_warning_headers(audit)})
             return
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
             return
+        api._audit(audit, status)
         if payload is not None:
-            self._send_json(status, payload)
+            self._send_json(status, payload, _warning_headers(audit))
 
     def _send_json(self, code: int, payload: Obj, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
@@ -170,12 +197,31 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
+    """ValidatingAdmissionPolicy ``Warn`` results as one ``Warning: 299 - "..."`` header (RFC 7234)."""
+    if audit is None or not audit.warnings:
+        return {}
+    return {"Warning": ", ".join('299 - "{}"'.format(w.replace('"', "'")) for w in audit.warnings)}
+
+
 class ApiServer:
     """The simulated API server. Context manager; ``start()`` / ``stop()`` / ``restart()`` keep the
     port and the data, so a test can simulate an API outage."""
 
-    def __init__(self, port: int = 0, history_limit: int = 1000, bookmark_interval_s: float = 1.0) -> None:
+    def __init__(self, port: int = 0, history_limit: int = 1000, bookmark_interval_s: float = 1.0, *,
+                 auth: TokenTable | None = None, rbac: bool = False) -> None:
+        """``auth``: bearer tokens -> users; requests without a known token get 401 (default: no
+        authentication, every request is the admin). ``rbac``: authorize every request against the
+        stored ClusterRoles/Roles and their bindings (403 otherwise). ValidatingAdmissionPolicies are
+        enforced whenever a binding is stored (tests/sim/apiserver_admission.py)."""
         self.store = Store(history_limit=history_limit)
+        self.auth = auth
+        self.rbac = RbacAuthorizer(self.store) if rbac else None
+        if rbac:
+            for role in BOOTSTRAP_CLUSTER_ROLES:
+                self.create(role)
+        self._admission: Any = None  # created on first use: importing the CEL engine costs ~0.1 s
+        self.audit: deque[AuditRecord] = deque(maxlen=20000)
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: deque[RequestRecord] = deque(maxlen=2000)
         self._port = port
@@ -187,6 +233,7 @@ class ApiServer:
         self._faults: list[Fault] = []
         self._tmpdir = tempfile.mkdtemp(prefix="hami-apiserver-")
         self.kubeconfig_path = os.path.join(self._tmpdir, "kubeconfig")
+        self._extra_kubeconfigs: set[str] = set()
 
     # -- lifecycle
     def __enter__(self) -> ApiServer:
@@ -261,24 +308,54 @@ class ApiServer:
 
     def close(self) -> None:
         self.stop()
+        for path in (*self._extra_kubeconfigs, self.kubeconfig_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         try:
-            os.unlink(self.kubeconfig_path)
             os.rmdir(self._tmpdir)
         except OSError:
             pass
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: str | None = None, token: str = ADMIN_TOKEN) -> str:
+        path = path or self.kubeconfig_path
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "sim",
             "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
-            "users": [{"name": "sim", "user": {"token": "simulated-token"}}],
+            "users": [{"name": "sim", "user": {"token": token}}],
             "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim",
                                                       "namespace": "default"}}],
         }
-        tmp = self.kubeconfig_path + ".tmp"
+        tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(cfg, f)  # JSON is valid YAML; the client's loader accepts it
-        os.replace(tmp, self.kubeconfig_path)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+        return path
+
+    def kubeconfig_for(self, token: str, name: str | None = None) -> str:
+        """A kubeconfig (in the server's temp dir, removed by ``close()``) that authenticates with
+        ``token``; the default ``kubeconfig_path`` is the admin's."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name or token)[:60]
+        path = os.path.join(self._tmpdir, f"kubeconfig-{safe}")
+        self._extra_kubeconfigs.add(path)
+        return self._write_kubeconfig(path, token)
+
+    def apply(self, *docs: Obj) -> list[Obj]:
+        """Create or replace each object (e.g. a role's rendered manifests), like ``kubectl apply``."""
+        out = []
+        for doc in docs:
+            rt = resource_for_kind(doc["kind"], doc.get("apiVersion"))
+            meta = doc.get("metadata") or {}
+            ns = meta.get("namespace", "default") if rt.namespaced else ""
+            try:
+                self.store.get(rt, ns, meta["name"])
+            except ApiError:
+                out.append(self.create(doc))
+                continue
+            out.append(copy.deepcopy(self.store.update(rt, ns, meta["name"], copy.deepcopy(doc))))
+        return out
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:
@@ -348,6 +425,63 @@ class ApiServer:
     def _log(self, rec: RequestRecord) -> None:
         self.requests.append(rec)
 
+    # -- authentication, authorization, admission (tests/sim/apiserver_auth.py, _rbac.py, _admission.py)
+    def _authenticate(self, authorization: str | None) -> UserInfo:
+        if self.auth is None:
+            return ADMIN
+        user = self.auth.authenticate(authorization)
+        if user is None:
+            raise unauthorized()
+        return user
+
+    def _audit(self, audit: AuditRecord | None, code: int) -> None:
+        if audit is not None:
+            audit.code = code
+            self.audit.append(audit)
+
+    def audit_for(self, username: str) -> list[AuditRecord]:
+        return [a for a in list(self.audit) if a.user.username == username]
+
+    def _authorize(self, user: UserInfo, attrs: RequestAttributes) -> None:
+        if self.rbac is None:
+            return
+        allowed, reason = self.rbac.authorize(user, attrs)
+        if not allowed:
+            raise forbidden(user, attrs, reason)
+
+    def _admitter(self, audit: AuditRecord | None, operation: str, rt: ResourceType, ns: str,  # noqa: PLR0917
+                  name: str | None, subresource: str | None,
+                  kind: tuple[str, str, str] | None = None) -> Any:
+        """``admit(old, new)`` for the store, or None while no ValidatingAdmissionPolicyBinding exists."""
+        vapb = resource_for_kind("validatingadmissionpolicybindings")
+        if not self.store.list(vapb, None)[0]:
+            return None
+        if self._admission is None:
+            from tests.sim.apiserver_admission import Admission
+
+            with self._lock:
+                if self._admission is None:
+                    self._admission = Admission(self.store)
+        from tests.sim.apiserver_admission import AdmissionOutcome, AdmissionRequest
+
+        user = audit.user if audit is not None else ADMIN
+        outcome = AdmissionOutcome()
+
+        def admit(old: Obj | None, new: Obj) -> None:
+            obj_name = (new.get("metadata") or {}).get("name") or name or ""
+            req = AdmissionRequest(operation, rt, subresource or "", ns, obj_name, user,
+                                   kind or (rt.group, rt.version, rt.kind))
+            outcome.warnings.clear()
+            outcome.audit_annotations.clear()
+            try:
+                self._admission.validate(req, new, old, outcome)
+            finally:
+                if audit is not None:
+                    audit.annotations = dict(outcome.audit_annotations) or None
+                    audit.warnings = list(outcome.warnings) or None
+
+        return admit
+
     def requests_matching(self, method: str, path_regex: str) -> list[RequestRecord]:
         return [r for r in list(self.requests) if r.method == method and re.search(path_regex, r.path)]
 
@@ -395,15 +529,30 @@ class ApiServer:
         return Route(rt, "", rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None)
 
     def _handle(self, method: str, path: str, query: dict[str, str], content_type: str | None, body: Any,  # noqa: PLR0917
-                handler: _Handler) -> tuple[int, Obj | None]:
-        route = self._route(path)
+                handler: _Handler, audit: AuditRecord | None = None) -> tuple[int, Obj | None]:
+        user = audit.user if audit is not None else ADMIN
+        try:
+            route = self._route(path)
+        except ApiError:
+            self._authorize(user, RequestAttributes(verb=method.lower(), path=path))  # 403 before 404
+            raise
         if route.discovery is not None:
+            attrs = RequestAttributes(verb=method.lower(), path=path)
+            if audit is not None:
+                audit.attrs = attrs
+            self._authorize(user, attrs)
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
             return 200, route.discovery
         rt = route.rt
         assert rt is not None
         store = self.store
+        attrs = request_attributes(method, path, query, group=rt.group, version=rt.version,
+                                   resource=rt.plural, namespace=route.namespace, name=route.name,
+                                   subresource=route.subresource)
+        if audit is not None:
+            audit.attrs = attrs
+        self._authorize(user, attrs)
         if route.subresource is not None and route.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if route.name is None:
@@ -418,13 +567,23 @@ class ApiServer:
             if method == "POST":
                 if not isinstance(body, dict):
                     raise bad_request("the request body must be a JSON object")
-                return 201, store.create(rt, route.namespace, body)
+                admit = self._admitter(audit, "CREATE", rt, route.namespace, None, None)
+                return 201, store.create(rt, route.namespace, body, admit=admit)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection here")
         if route.subresource == "binding":
             if method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "only POST is supported on pods/binding")
             if not isinstance(body, dict):
                 raise bad_request("the request body must be a Binding object")
+            # admission sees the Binding (its annotations are copied onto the pod), not the pod
+            admit = self._admitter(audit, "CREATE", rt, route.namespace, route.name, "binding",
+                                   kind=("", "v1", "Binding"))
+            if admit is not None:
+                binding = copy.deepcopy(body)
+                meta = binding.setdefault("metadata", {}) if isinstance(binding.get("metadata"), dict) else {}
+                meta.setdefault("name", route.name)
+                meta.setdefault("namespace", route.namespace)
+                admit(None, binding)
             store.bind(route.namespace, route.name, body)
             return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                          "code": 201}
@@ -433,10 +592,12 @@ class ApiServer:
         if method == "PUT":
             if not isinstance(body, dict):
                 raise bad_request("the request body must be a JSON object")
-            return 200, store.update(rt, route.namespace, route.name, body, route.subresource)
+            admit = self._admitter(audit, "UPDATE", rt, route.namespace, route.name, route.subresource)
+            return 200, store.update(rt, route.namespace, route.name, body, route.subresource, admit=admit)
         if method == "PATCH":
+            admit = self._admitter(audit, "UPDATE", rt, route.namespace, route.name, route.subresource)
             return 200, store.patch(rt, route.namespace, route.name, content_type or "", body,
-                                    route.subresource)
+                                    route.subresource, admit=admit)
         if method == "DELETE":
             pre = None
             if isinstance(body, dict):

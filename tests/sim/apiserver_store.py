@@ -67,7 +67,23 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("resourcequotas", "ResourceQuota", "", "v1", True, ("status",)),
     ResourceType("configmaps", "ConfigMap", "", "v1", True),
     ResourceType("leases", "Lease", "coordination.k8s.io", "v1", True),
+    # identities, RBAC and admission policies (stored like any object; enforced by apiserver_rbac.py and
+    # apiserver_admission.py when the server is started with auth/rbac)
+    ResourceType("serviceaccounts", "ServiceAccount", "", "v1", True),
+    ResourceType("secrets", "Secret", "", "v1", True, (), ("metadata.name", "metadata.namespace", "type")),
+    ResourceType("clusterroles", "ClusterRole", "rbac.authorization.k8s.io", "v1", False),
+    ResourceType("clusterrolebindings", "ClusterRoleBinding", "rbac.authorization.k8s.io", "v1", False),
+    ResourceType("roles", "Role", "rbac.authorization.k8s.io", "v1", True),
+    ResourceType("rolebindings", "RoleBinding", "rbac.authorization.k8s.io", "v1", True),
+    ResourceType("validatingadmissionpolicies", "ValidatingAdmissionPolicy", "admissionregistration.k8s.io",
+                 "v1", False, ("status",)),
+    ResourceType("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+                 "admissionregistration.k8s.io", "v1", False),
 )
+
+# ``admit(old, new)``: validating admission of a write, called with the final object before it is stored
+# (``old`` is None on create); raises ApiError to refuse. Nothing is written when it raises.
+Admit = Callable[[Obj | None, Obj], None]
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -377,7 +393,8 @@ class Store:
         return items, rv
 
     # -- writes
-    def create(self, rt: ResourceType, ns: str, obj: Obj, seed: bool = False) -> Obj:
+    def create(self, rt: ResourceType, ns: str, obj: Obj, seed: bool = False,
+               admit: Admit | None = None) -> Obj:
         """Create ``obj``. ``seed=True`` (test helpers) keeps a given status; HTTP creates reset it."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
@@ -403,6 +420,15 @@ class Store:
             ns = ""
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
+        if rt.plural == "pods" and not seed:
+            obj["status"] = {"phase": "Pending"}
+        elif rt.plural == "pods":
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+        if rt.plural == "namespaces":
+            obj.setdefault("status", {"phase": "Active"})
+        if admit is not None:
+            # outside the lock (CEL is slow); the object does not depend on the store's state
+            admit(None, obj)
         with self._cond:
             key = self._key(rt, ns, name)
             if key in self._objects:
@@ -411,12 +437,6 @@ class Store:
             if rt.namespaced and ("namespaces", "", ns) not in self._objects:
                 # A documented simplification: namespaces spring into existence on first use.
                 self._create_locked(resource_for_kind("namespaces"), "", {"metadata": {"name": ns}})
-            if rt.plural == "pods" and not seed:
-                obj["status"] = {"phase": "Pending"}
-            elif rt.plural == "pods":
-                obj.setdefault("status", {}).setdefault("phase", "Pending")
-            if rt.plural == "namespaces":
-                obj.setdefault("status", {"phase": "Active"})
             return self._create_locked(rt, ns, obj)
 
     def _create_locked(self, rt: ResourceType, ns: str, obj: Obj) -> Obj:
@@ -430,72 +450,92 @@ class Store:
         self._record(rt, "ADDED", None, obj)
         return obj
 
-    def _write(self, rt: ResourceType, ns: str, name: str, build: Callable[[Obj], Obj],
-               subresource: str | None) -> Obj:
-        """Apply ``build(old) -> new`` under the lock with the real server's update rules."""
-        with self._cond:
-            key = self._key(rt, ns, name)
-            old = self._objects.get(key)
-            if old is None:
-                raise not_found(rt, name)
-            new = build(old)
-            if not isinstance(new, dict):
-                raise bad_request("the patched object must be a JSON object")
-            new_meta = new.get("metadata")
-            if not isinstance(new_meta, dict):
-                raise bad_request("metadata: must be an object")
-            want_rv = new_meta.get("resourceVersion")
-            if want_rv and str(want_rv) != old["metadata"]["resourceVersion"]:
-                raise conflict(rt, name)
-            if subresource == "status":
-                # /status writes change status only.
-                merged = dict(old)
-                if "status" in new:
-                    merged["status"] = new["status"]
-                else:
-                    merged.pop("status", None)
-                new = merged
-            elif rt.has_status:
-                # The main resource ignores status changes (they go through /status).
-                new = dict(new)
-                if "status" in old:
-                    new["status"] = old["status"]
-                else:
-                    new.pop("status", None)
-            new_meta = dict(new.get("metadata") or {})
-            for fixed in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion"):
-                if fixed in old["metadata"]:
-                    new_meta[fixed] = old["metadata"][fixed]
-                else:
-                    new_meta.pop(fixed, None)
-            new["metadata"] = new_meta
-            new["apiVersion"] = rt.api_version
-            new["kind"] = rt.kind
-            if new == old:
-                return old  # no-op: no new resourceVersion, no event (like the real server)
-            new = copy.deepcopy(new)
-            new["metadata"]["resourceVersion"] = self._next_rv()
-            self._objects[key] = new
-            self._record(rt, "MODIFIED", old, new)
-            return new
+    def _write(self, rt: ResourceType, ns: str, name: str, build: Callable[[Obj], Obj],  # noqa: PLR0917
+               subresource: str | None, admit: Admit | None = None) -> Obj:
+        """Apply ``build(old) -> new`` with the real server's update rules. With ``admit``, the new object
+        is built and admitted outside the lock and stored only if the object did not change meanwhile
+        (else built and admitted again), like kube-apiserver's GuaranteedUpdate loop."""
+        key = self._key(rt, ns, name)
+        while True:
+            with self._cond:
+                old = self._objects.get(key)
+                if old is None:
+                    raise not_found(rt, name)
+                if admit is None:
+                    new = self._prepare(rt, name, old, build, subresource)
+                    return self._commit(rt, key, old, new)
+            new = self._prepare(rt, name, old, build, subresource)
+            admit(old, new)  # sees no-op writes too, as on the real server
+            with self._cond:
+                if self._objects.get(key) is old:
+                    return self._commit(rt, key, old, new)
 
-    def update(self, rt: ResourceType, ns: str, name: str, obj: Obj, subresource: str | None = None) -> Obj:
+    @staticmethod
+    def _prepare(rt: ResourceType, name: str, old: Obj, build: Callable[[Obj], Obj],
+                 subresource: str | None) -> Obj:
+        new = build(old)
+        if not isinstance(new, dict):
+            raise bad_request("the patched object must be a JSON object")
+        new_meta = new.get("metadata")
+        if not isinstance(new_meta, dict):
+            raise bad_request("metadata: must be an object")
+        want_rv = new_meta.get("resourceVersion")
+        if want_rv and str(want_rv) != old["metadata"]["resourceVersion"]:
+            raise conflict(rt, name)
+        if subresource == "status":
+            # /status writes change status only.
+            merged = dict(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+        elif rt.has_status:
+            # The main resource ignores status changes (they go through /status).
+            new = dict(new)
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        new_meta = dict(new.get("metadata") or {})
+        for fixed in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion"):
+            if fixed in old["metadata"]:
+                new_meta[fixed] = old["metadata"][fixed]
+            else:
+                new_meta.pop(fixed, None)
+        new["metadata"] = new_meta
+        new["apiVersion"] = rt.api_version
+        new["kind"] = rt.kind
+        return new
+
+    def _commit(self, rt: ResourceType, key: tuple[str, str, str], old: Obj, new: Obj) -> Obj:
+        """Store ``new`` (caller holds the lock)."""
+        if new == old:
+            return old  # no-op: no new resourceVersion, no event (like the real server)
+        new = copy.deepcopy(new)
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        self._objects[key] = new
+        self._record(rt, "MODIFIED", old, new)
+        return new
+
+    def update(self, rt: ResourceType, ns: str, name: str, obj: Obj, subresource: str | None = None,  # noqa: PLR0917
+               admit: Admit | None = None) -> Obj:
         meta = obj.get("metadata") or {}
         if meta.get("name") and meta["name"] != name:
             raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL "
                               f"({name})")
-        return self._write(rt, ns, name, lambda _old: copy.deepcopy(obj), subresource)
+        return self._write(rt, ns, name, lambda _old: copy.deepcopy(obj), subresource, admit)
 
     def patch(self, rt: ResourceType, ns: str, name: str, content_type: str, body: Any,  # noqa: PLR0917
-              subresource: str | None = None) -> Obj:
+              subresource: str | None = None, admit: Admit | None = None) -> Obj:
         if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             if not isinstance(body, dict):
                 raise bad_request("a merge patch must be a JSON object")
-            return self._write(rt, ns, name, lambda old: merge_patch(old, body), subresource)
+            return self._write(rt, ns, name, lambda old: merge_patch(old, body), subresource, admit)
         if content_type == "application/json-patch+json":
             if not isinstance(body, list):
                 raise bad_request("a JSON patch must be a JSON array")
-            return self._write(rt, ns, name, lambda old: json_patch(old, body), subresource)
+            return self._write(rt, ns, name, lambda old: json_patch(old, body), subresource, admit)
         raise ApiError(415, "UnsupportedMediaType",
                        f"the body of the request was in an unknown format - accepted media types include: "
                        f"application/json-patch+json, application/merge-patch+json, "
