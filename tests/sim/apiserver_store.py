@@ -482,8 +482,20 @@ class Store:
         want_rv = new_meta.get("resourceVersion")
         if want_rv and str(want_rv) != old["metadata"]["resourceVersion"]:
             raise conflict(rt, name)
-        if subresource == "status":
-            # /status writes change status only.
+        if subresource == "status" and rt.plural == "pods":
+            # The real pod status strategy (pkg/registry/core/pod/strategy.go, podStatusStrategy) resets
+            # only spec, deletionTimestamp and ownerReferences: labels and annotations CAN change here.
+            new = {**new, "spec": old.get("spec")} if "spec" in old else {k: v for k, v in new.items()
+                                                                           if k != "spec"}
+            meta = dict(new.get("metadata") or {})
+            for fixed in ("deletionTimestamp", "ownerReferences"):
+                if fixed in old["metadata"]:
+                    meta[fixed] = old["metadata"][fixed]
+                else:
+                    meta.pop(fixed, None)
+            new["metadata"] = meta
+        elif subresource == "status":
+            # /status writes change status only (nodes, namespaces, resourcequotas here).
             merged = dict(old)
             if "status" in new:
                 merged["status"] = new["status"]
