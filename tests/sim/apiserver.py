@@ -93,6 +93,7 @@ class AuditRecord:
     code: int = 0
     annotations: dict[str, str] | None = None
     warnings: list[str] | None = None
+    recorded: bool = False  # a watch is recorded when its response starts (audit stage ResponseStarted)
 
 
 @dataclass(frozen=True)
@@ -435,8 +436,9 @@ class ApiServer:
         return user
 
     def _audit(self, audit: AuditRecord | None, code: int) -> None:
-        if audit is not None:
+        if audit is not None and not audit.recorded:
             audit.code = code
+            audit.recorded = True
             self.audit.append(audit)
 
     def audit_for(self, username: str) -> list[AuditRecord]:
@@ -557,6 +559,7 @@ class ApiServer:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if route.name is None:
             if method == "GET" and query.get("watch") in ("1", "true"):
+                self._audit(audit, 200)
                 self._serve_watch(rt, route.namespace, query, handler)
                 return 200, None
             if method == "GET":

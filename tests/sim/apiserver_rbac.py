@@ -193,6 +193,30 @@ class RbacAuthorizer:
             return None
 
 
+def granted_pairs(docs: list[Obj], user: UserInfo) -> set[tuple[str, str, str]]:
+    """(verb, group, resource[/subresource]) the ClusterRoleBindings in ``docs`` grant ``user`` (names are
+    left to enforcement): the "granted" side of RBAC-granted-equals-used."""
+    roles = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ClusterRole"}
+    out: set[tuple[str, str, str]] = set()
+    for b in docs:
+        if b.get("kind") != "ClusterRoleBinding":
+            continue
+        if not any(subject_matches(s, user, "") for s in b.get("subjects") or []):
+            continue
+        for rule in (roles.get((b.get("roleRef") or {}).get("name", "")) or {}).get("rules") or []:
+            for verb in rule.get("verbs") or []:
+                for group in rule.get("apiGroups") or []:
+                    for res in rule.get("resources") or []:
+                        out.add((verb, group, res))
+    return out
+
+
+def used_pairs(records: Any) -> set[tuple[str, str, str]]:
+    """(verb, group, resource[/subresource]) of audit records (``ApiServer.audit``) of resource requests."""
+    return {(r.attrs.verb, r.attrs.group, r.attrs.combined_resource) for r in records
+            if r.attrs is not None and r.attrs.resource_request}
+
+
 def forbidden(user: UserInfo, attrs: RequestAttributes, reason: str = "") -> ApiError:
     """403 exactly as kube-apiserver words it (responsewriters.Forbidden + apierrors.NewForbidden)."""
     if not attrs.resource_request:
@@ -223,5 +247,6 @@ def unauthorized() -> ApiError:
     return ApiError(401, "Unauthorized", "Unauthorized")
 
 
-__all__ = ["BOOTSTRAP_CLUSTER_ROLES", "RbacAuthorizer", "RequestAttributes", "forbidden",
-           "name_from_field_selector", "request_attributes", "rule_allows", "subject_matches", "unauthorized"]
+__all__ = ["BOOTSTRAP_CLUSTER_ROLES", "RbacAuthorizer", "RequestAttributes", "forbidden", "granted_pairs",
+           "name_from_field_selector", "request_attributes", "rule_allows", "subject_matches", "unauthorized",
+           "used_pairs"]

@@ -20,6 +20,7 @@ from tests.sim.role_manifests import role_defaults
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 POLICY = "hami-allocation-keys"
+PLUGIN = f"system:serviceaccount:{SA_NS}:hami-device-plugin-"
 MERGE = "application/merge-patch+json"
 JSONPATCH = "application/json-patch+json"
 FORGED = {keys.VGPU_NODE: "gpu-0", keys.VGPU_TIME: "1700000000",
@@ -60,9 +61,9 @@ def scheduled(cluster, name: str = "p", node: str = "gpu-0") -> dict:
     """A pod as the scheduler leaves it: tenant-created, then annotated and bound by the scheduler."""
     code, body = cluster.call("tenant", "POST", pod_path(), pod(name))
     assert code == 201, body
-    ann = {keys.VGPU_NODE: node, keys.VGPU_TIME: "1700000000",
-           keys.DEVICES_TO_ALLOCATE: "GPU-a,NVIDIA,1000,10:;", keys.DEVICES_ALLOCATED: "GPU-a,NVIDIA,1000,10:;",
-           keys.BIND_PHASE: "allocating", keys.BIND_TIME: "1700000000"}
+    small = "GPU-a,NVIDIA,1000,10:;"
+    ann = {keys.VGPU_NODE: node, keys.VGPU_TIME: "1700000000", keys.DEVICES_TO_ALLOCATE: small,
+           keys.DEVICES_ALLOCATED: small, keys.BIND_PHASE: "allocating", keys.BIND_TIME: "1700000000"}
     code, body = cluster.call("scheduler", "PATCH", pod_path(name), {
         "metadata": {"annotations": ann, "labels": {keys.VGPU_NODE: node}}}, MERGE)
     assert code == 200, body
@@ -82,7 +83,8 @@ def test_create_with_forged_allocation_is_refused_and_nothing_is_stored(cluster)
 
 def test_the_same_create_succeeds_without_the_policy(cluster_without_policy):
     """The hole (issue 14 finding 3, Project-HAMi/HAMi#3076): RBAC alone lets a pod owner forge it."""
-    code, body = cluster_without_policy.call("tenant", "POST", pod_path(), pod("forged", FORGED, node="gpu-0"))
+    forged = pod("forged", FORGED, node="gpu-0")
+    code, body = cluster_without_policy.call("tenant", "POST", pod_path(), forged)
     assert code == 201, body
     assert cluster_without_policy.api.get("Pod", TENANT_NS, "forged")["metadata"]["annotations"] == FORGED
 
@@ -170,20 +172,21 @@ def test_the_scheduler_may_write_set_and_clear(cluster):
 def test_the_device_plugin_of_the_pods_node_may_write_its_keys_only(cluster):
     scheduled(cluster, "q", node="gpu-0")
     done = {keys.DEVICES_TO_ALLOCATE: ";", keys.BIND_PHASE: "success"}
-    code, body = cluster.call("plugin-gpu-0", "PATCH", pod_path("q"), {"metadata": {"annotations": done}}, MERGE)
+    code, body = cluster.call("plugin-gpu-0", "PATCH", pod_path("q"), {"metadata": {"annotations": done}},
+                              MERGE)
     assert code == 200, body
     # a key the plugin never writes: refused even on its own node
     code, body = cluster.call("plugin-gpu-0", "PATCH", pod_path("q"),
                               {"metadata": {"annotations": {keys.DEVICES_ALLOCATED: "x"}}}, MERGE)
     assert_refused(code, body, "q", keys.DEVICES_ALLOCATED,
-                   who=f"system:serviceaccount:{SA_NS}:hami-device-plugin-gpu-0")
+                   who=f"{PLUGIN}gpu-0")
 
 
 def test_the_device_plugin_of_another_node_is_refused(cluster):
     scheduled(cluster, "r", node="gpu-0")
     code, body = cluster.call("plugin-gpu-1", "PATCH", pod_path("r"),
                               {"metadata": {"annotations": {keys.BIND_PHASE: "success"}}}, MERGE)
-    assert_refused(code, body, "r", keys.BIND_PHASE, who=f"system:serviceaccount:{SA_NS}:hami-device-plugin-gpu-1")
+    assert_refused(code, body, "r", keys.BIND_PHASE, who=f"{PLUGIN}gpu-1")
     assert cluster.api.get("Pod", TENANT_NS, "r")["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
 
 
@@ -191,7 +194,7 @@ def test_a_device_plugin_may_not_write_on_an_unbound_pod(cluster):
     assert cluster.call("tenant", "POST", pod_path(), pod("u"))[0] == 201
     code, body = cluster.call("plugin-gpu-0", "PATCH", pod_path("u"),
                               {"metadata": {"annotations": {keys.BIND_PHASE: "success"}}}, MERGE)
-    assert_refused(code, body, "u", keys.BIND_PHASE, who=f"system:serviceaccount:{SA_NS}:hami-device-plugin-gpu-0")
+    assert_refused(code, body, "u", keys.BIND_PHASE, who=f"{PLUGIN}gpu-0")
 
 
 # -- other doors: pods/binding, pods/status ----------------------------------------------------------
@@ -211,7 +214,8 @@ def test_a_binding_that_carries_allocation_keys_needs_the_scheduler(cluster):
     cluster.api.apply(BINDER, BINDER_BINDING)
     assert cluster.call("tenant", "POST", pod_path(), pod("b"))[0] == 201
     binding = {"apiVersion": "v1", "kind": "Binding",
-               "metadata": {"name": "b", "annotations": {keys.DEVICES_TO_ALLOCATE: "GPU-0000,NVIDIA,81920,100:;"}},
+               "metadata": {"name": "b",
+                            "annotations": {keys.DEVICES_TO_ALLOCATE: FORGED[keys.DEVICES_TO_ALLOCATE]}},
                "target": {"kind": "Node", "name": "gpu-0"}}
     code, body = cluster.call("tenant", "POST", pod_path("b", "binding"), binding)
     assert_refused(code, body, "b", keys.DEVICES_TO_ALLOCATE)
@@ -235,7 +239,8 @@ def test_refusals_and_allowed_writes_are_in_the_audit_log(cluster):
     writes = [a for a in cluster.api.audit_for(f"system:serviceaccount:{SA_NS}:hami-scheduler")
               if a.annotations and f"{POLICY}/writer" in a.annotations]
     assert writes and keys.DEVICES_TO_ALLOCATE in writes[0].annotations[f"{POLICY}/writer"]
-    cluster.call("tenant", "PATCH", pod_path("a"), {"metadata": {"annotations": {keys.BIND_PHASE: "x"}}}, MERGE)
+    cluster.call("tenant", "PATCH", pod_path("a"), {"metadata": {"annotations": {keys.BIND_PHASE: "x"}}},
+                 MERGE)
     denied = [a for a in cluster.api.audit_for("alice") if a.code == 403]
     [failure] = json.loads(denied[-1].annotations[FAILURE_ANNOTATION])
     assert failure["policy"] == POLICY and failure["validationActions"] == ["Deny", "Audit"]
