@@ -15,14 +15,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hami_agent.k8s.client import KINDS, KubeClient
+from tests.sim.role_manifests import render
 
 pytestmark = pytest.mark.unit
 
-# the role templates are rendered with Jinja2, which comes with ansible-core (dev extra, Python >= 3.11)
-jinja2 = pytest.importorskip("jinja2")
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "agent" / "hami_agent"
@@ -107,11 +105,8 @@ def required_verbs(files: Iterable[Path]) -> tuple[set[tuple[str, str]], list[st
 
 
 def _render(name: str) -> list[dict]:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined)
-    text = env.get_template(name).render(
-        ansible_managed="test", hami_rbac_namespace="kube-system", hami_rbac_node_name="gpu-1",
-        hami_rbac_node_sa_prefix="hami-device-plugin-", hami_rbac_scheduler_sa="hami-scheduler")
-    return [d for d in yaml.safe_load_all(text) if d]
+    # the role's own defaults (tests/sim/role_manifests.py), as the role renders them
+    return render(name, hami_rbac_node_name="gpu-1")
 
 
 def granted(docs: list[dict], *role_names: str) -> set[tuple[str, str]]:
