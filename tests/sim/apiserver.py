@@ -38,6 +38,7 @@ from tests.sim.apiserver_rbac import (
     RequestAttributes,
     forbidden,
     request_attributes,
+    review_attributes,
     unauthorized,
 )
 from tests.sim.apiserver_store import (
@@ -533,10 +534,16 @@ class ApiServer:
     def _handle(self, method: str, path: str, query: dict[str, str], content_type: str | None, body: Any,  # noqa: PLR0917
                 handler: _Handler, audit: AuditRecord | None = None) -> tuple[int, Obj | None]:
         user = audit.user if audit is not None else ADMIN
+        review = review_attributes(method, path)
+        if review is not None:  # TokenReview / SubjectAccessReview: authorized here, answered by
+            if audit is not None:  # tests/sim/apiserver_reviews.py (the line below, once merged)
+                audit.attrs = review
+            self._authorize(user, review)
         try:
             route = self._route(path)
         except ApiError:
-            self._authorize(user, RequestAttributes(verb=method.lower(), path=path))  # 403 before 404
+            if review is None:
+                self._authorize(user, RequestAttributes(verb=method.lower(), path=path))  # 403 before 404
             raise
         if route.discovery is not None:
             attrs = RequestAttributes(verb=method.lower(), path=path)

@@ -106,6 +106,22 @@ def request_attributes(method: str, path: str, query: dict[str, str], *, group: 
     return RequestAttributes(verb, group, version, resource, subresource or "", namespace, name or "", path)
 
 
+REVIEW_PATHS = {
+    "/apis/authentication.k8s.io/v1/tokenreviews": ("authentication.k8s.io", "tokenreviews"),
+    "/apis/authorization.k8s.io/v1/subjectaccessreviews": ("authorization.k8s.io", "subjectaccessreviews"),
+}
+
+
+def review_attributes(method: str, path: str) -> RequestAttributes | None:
+    """TokenReview / SubjectAccessReview requests (answered by tests/sim/apiserver_reviews.py): RBAC checks
+    them like any create (the bootstrap role system:auth-delegator grants both)."""
+    hit = REVIEW_PATHS.get(path.rstrip("/"))
+    if hit is None:
+        return None
+    verb = "create" if method == "POST" else method.lower()
+    return RequestAttributes(verb, hit[0], "v1", hit[1], path=path)
+
+
 def _matches(values: list[Any] | None, want: str) -> bool:
     vals = values or []
     return "*" in vals or want in vals
@@ -248,5 +264,5 @@ def unauthorized() -> ApiError:
 
 
 __all__ = ["BOOTSTRAP_CLUSTER_ROLES", "RbacAuthorizer", "RequestAttributes", "forbidden", "granted_pairs",
-           "name_from_field_selector", "request_attributes", "rule_allows", "subject_matches", "unauthorized",
-           "used_pairs"]
+           "name_from_field_selector", "request_attributes", "review_attributes", "rule_allows",
+           "subject_matches", "unauthorized", "used_pairs"]

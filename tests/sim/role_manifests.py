@@ -24,10 +24,19 @@ def role_defaults(role: Path = RBAC_ROLE) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not (isinstance(v, str) and "{{" in v)}
 
 
+def ansible_bool(value: Any) -> bool:
+    """Ansible's ``bool`` filter (ansible.plugins.filter.core.to_bool), the one Ansible filter the
+    templates use; Jinja2 has no equivalent."""
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    return str(value).strip().lower() in ("yes", "on", "1", "true", "y")
+
+
 def render(template: str, role: Path = RBAC_ROLE, **overrides: Any) -> list[dict]:
     """The YAML documents of ``role/templates/<template>`` rendered with the role's defaults."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(role / "templates"), trim_blocks=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["bool"] = ansible_bool
     variables = {"ansible_managed": "Ansible managed (test render)", **role_defaults(role), **overrides}
     text = env.get_template(template).render(**variables)
     return [d for d in yaml.safe_load_all(text) if d]

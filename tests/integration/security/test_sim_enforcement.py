@@ -193,3 +193,18 @@ def test_vap_binding_match_resources_and_selectors_narrow_the_policy():
         assert call(api, None, "POST", "/api/v1/namespaces/prod/configmaps", cm("p1"))[0] == 422
         api.delete("ValidatingAdmissionPolicyBinding", None, "b")
         assert call(api, None, "POST", "/api/v1/namespaces/prod/configmaps", cm("p2"))[0] == 201  # unbound
+
+
+def test_reviews_need_system_auth_delegator(secured):
+    """TokenReview/SubjectAccessReview are RBAC-checked creates; the role's optional binding grants them."""
+    api, tokens = secured
+    sched = tokens.add_service_account("kube-system", "hami-scheduler")
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "t"}}
+    code, body, _ = call(api, sched, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", review)
+    assert code == 403 and 'cannot create resource "tokenreviews" in API group "authentication.k8s.io"' in (
+        body["message"])
+    from tests.sim.role_manifests import render
+
+    api.apply(*render("cluster.yaml.j2", hami_rbac_scheduler_token_review=True))
+    code, body, _ = call(api, sched, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", review)
+    assert code != 403, body  # authorized (answered by the reviews module, else 404 here)
