@@ -3,7 +3,12 @@
 For pods with HAMi resources: set ``schedulerName``, add ``nvidia.com/gpu`` when only memory/cores are
 given, the exclusive default (``gpucores: 100``), ``CUDA_TASK_PRIORITY`` and
 ``GPU_CORE_UTILIZATION_POLICY`` envs; deny privileged GPU containers, pods with ``nodeName`` preset,
-and pods over the namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set."""
+and pods over the namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set.
+
+The webhook is not a security control: tenants can skip it (``hami.io/webhook=ignore``, their own
+``schedulerName``) and it never sees an UPDATE. What keeps allocation keys honest is the admission rule
+the ``hami_rbac`` role ships (a ValidatingAdmissionPolicy, docs/security.md), which refuses any write of
+``SCHEDULER_OWNED`` by anyone but the scheduler and the device plugin of the pod's node."""
 
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
-# Annotations only the scheduler / device plugin may write on a pod.
+# Annotations only the scheduler / device plugin may write on a pod. The hami_rbac role's admission policy
+# protects the same list (hami_rbac_allocation_annotations; a test keeps the two equal).
 SCHEDULER_OWNED = (keys.VGPU_NODE, keys.VGPU_TIME, keys.DEVICES_TO_ALLOCATE, keys.DEVICES_ALLOCATED,
                    keys.MIG_ALLOCATIONS, keys.BIND_PHASE, keys.BIND_TIME)
 DEFAULT_SCHEDULER = "default-scheduler"
