@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox import podman
+from sandbox import identities, podman
 from sandbox.config import APT_REPO, GPUSIM_DIR, GPUSIM_LIB, IMAGE, REPO, SandboxConfig
 from sandbox.procs import ProcessManager
 
@@ -358,6 +358,7 @@ class Sandbox:
                 str(cfg.apiserver_port),
                 "--kubeconfig",
                 str(cfg.kubeconfig),
+                *identities.apiserver_args(cfg.run_dir, [n.name for n in cfg.nodes]),
             ],
             env=_env(),
             cwd=REPO,
@@ -504,7 +505,7 @@ class Sandbox:
                     "--node-name",
                     node.name,
                     "--kubeconfig",
-                    str(cfg.kubeconfig),
+                    str(identities.kubeconfig(cfg.run_dir, f"plugin-{node.name}") or cfg.kubeconfig),
                     "--device-plugin-dir",
                     str(cfg.device_plugin_dir(node.name)),
                     "--nvml-lib",
@@ -546,7 +547,7 @@ class Sandbox:
                         "-v",
                         "4",
                         "--kubeconfig",
-                        str(cfg.kubeconfig),
+                        str(identities.kubeconfig(cfg.run_dir, "scheduler") or cfg.kubeconfig),
                         "--bind-address",
                         f"127.0.0.1:{cfg.scheduler_port}",
                         "--metrics-bind",

@@ -7,6 +7,7 @@ and the seed 003 replay, and requires every check of the demo to pass. Takes a f
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import config
+from sandbox import config, identities
 from sandbox.cluster import port_free
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -47,7 +48,10 @@ def run_dir() -> Iterator[Path]:
 def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
     _preflight()
     out = tmp_path / "demo-output"
-    env = {**os.environ, "HAMI_SANDBOX_DIR": str(run_dir), "PYTHONPATH": str(REPO)}
+    # every component with its own token, RBAC + admission policy enforced (sandbox/identities.py);
+    # HAMI_SANDBOX_IDENTITIES=0 runs the demo as the admin, as before
+    env = {**os.environ, "HAMI_SANDBOX_DIR": str(run_dir), "PYTHONPATH": str(REPO),
+           identities.ENV: os.environ.get(identities.ENV, "1")}
     proc = subprocess.run([sys.executable, "-m", "sandbox", "--run-dir", str(run_dir), "demo", "--output",
                            str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1700,
                           check=False)
@@ -67,3 +71,50 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
                         capture_output=True, text=True, timeout=60, check=False)
     assert ps.stdout.strip() == ""
     assert not list((run_dir / "pids").glob("*.pid"))
+    if env[identities.ENV] not in ("", "0", "false", "no"):
+        check_rbac_granted_equals_used(identities.identities_dir(run_dir) / "audit.jsonl",
+                                       [n.name for n in config.load(run_dir).nodes])
+
+
+# Grants the demo does not reach, with the reason (tests/integration/security/test_rbac_used.py exercises
+# each of them); anything else granted must be used.
+SANDBOX_RARE = {
+    "scheduler": {
+        ("get", "coordination.k8s.io", "leases"): "hami_scheduler_leader_elect is false in the sandbox",
+        ("create", "coordination.k8s.io", "leases"): "hami_scheduler_leader_elect is false in the sandbox",
+        ("update", "coordination.k8s.io", "leases"): "hami_scheduler_leader_elect is false in the sandbox",
+        ("get", "", "namespaces"): "the simulated API server calls no admission webhook",
+        ("list", "", "resourcequotas"): "the simulated API server calls no admission webhook",
+        ("patch", "", "events"): "only a repeated identical event is patched",
+    },
+    "plugin": {("get", "", "pods"): "Allocate's API fallback when the pod informer lags"},
+}
+
+
+def check_rbac_granted_equals_used(audit: Path, nodes: list[str]) -> None:
+    """RBAC granted = used over the whole demo: every call of the scheduler's and each node's identity
+    was granted, and every grant of theirs was used (or is in SANDBOX_RARE)."""
+    from tests.sim.apiserver_auth import service_account_user
+    from tests.sim.apiserver_rbac import granted_pairs
+    from tests.sim.role_manifests import rbac_manifests
+
+    assert audit.exists(), f"{audit} missing: the API server did not write its audit log on exit"
+    records = [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
+    docs = rbac_manifests(nodes, namespace=identities.SA_NS)
+    who = {"scheduler": service_account_user(identities.SA_NS, "hami-scheduler")}
+    who |= {f"plugin-{n}": service_account_user(identities.SA_NS, f"hami-device-plugin-{n}") for n in nodes}
+    problems = []
+    for name, user in who.items():
+        mine = [r for r in records if r["user"] == user.username]
+        refused = [r for r in mine if r["code"] in (401, 403)]
+        if refused:
+            problems.append(f"{name}: refused calls {refused[:5]}")
+        used = {(r["verb"], r["group"], r["resource"] + (f"/{r['subresource']}" if r["subresource"] else ""))
+                for r in mine if r["resource"]}
+        grants = granted_pairs(docs, user)
+        rare = set(SANDBOX_RARE["plugin" if name.startswith("plugin-") else name])
+        if used - grants:
+            problems.append(f"{name}: used but not granted {sorted(used - grants)}")
+        if grants - used - rare:
+            problems.append(f"{name}: granted but never used {sorted(grants - used - rare)}")
+    assert not problems, "\n".join(problems)
