@@ -333,6 +333,7 @@ class Store:
     _history: list[HistoryEntry] = field(default_factory=list)
     _history_rvs: list[int] = field(default_factory=list)
     _compacted_rv: int = 0  # watches resuming from an RV below this get 410 Expired
+    _counts: dict[str, int] = field(default_factory=dict)  # objects per plural (cheap "any bindings?")
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:
@@ -374,6 +375,11 @@ class Store:
             return self._rv
 
     # -- reads
+    def count(self, rt: ResourceType) -> int:
+        """How many objects of this resource exist (O(1))."""
+        with self._cond:
+            return self._counts.get(rt.plural, 0)
+
     def get(self, rt: ResourceType, ns: str, name: str) -> Obj:
         with self._cond:
             obj = self._objects.get(self._key(rt, ns, name))
@@ -447,6 +453,7 @@ class Store:
         obj.setdefault("kind", rt.kind)
         meta["resourceVersion"] = self._next_rv()
         self._objects[self._key(rt, ns, meta["name"])] = obj
+        self._counts[rt.plural] = self._counts.get(rt.plural, 0) + 1
         self._record(rt, "ADDED", None, obj)
         return obj
 
@@ -563,6 +570,7 @@ class Store:
             if preconditions_rv and preconditions_rv != old["metadata"]["resourceVersion"]:
                 raise conflict(rt, name)
             del self._objects[key]
+            self._counts[rt.plural] -= 1
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = self._next_rv()
             self._record(rt, "DELETED", old, gone)
