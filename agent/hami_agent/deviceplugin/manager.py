@@ -120,6 +120,24 @@ class _AnyEvent:
         return True
 
 
+@dataclass
+class _StreamLosses:
+    """Backoff for registering again after lost streams: 0 s, then 0.5 s doubling up to 30 s; a resource
+    whose last loss is a minute old starts over."""
+
+    count: int = 0
+    last: float = float("-inf")
+
+    def due(self, now: float) -> bool:
+        if now - self.last > 60.0:
+            self.count = 0
+        return self.count == 0 or now - self.last >= min(30.0, 0.5 * 2 ** (self.count - 1))
+
+    def record(self, now: float) -> None:
+        self.count += 1
+        self.last = now
+
+
 class DevicePluginManager:
     """Runs the device plugin until ``stop()``; ``run()`` returns the process exit code."""
 
@@ -148,6 +166,7 @@ class DevicePluginManager:
         self._last_self_check = 0.0
         self._warned_driver: str | None = None
         self._notes_logged: set[str] = set()
+        self._stream_losses: dict[str, _StreamLosses] = {}
 
     # ------------------------------------------------------------------------------ control
     def current_snapshot(self) -> Any:
@@ -346,6 +365,27 @@ class DevicePluginManager:
                     if not self._stop.is_set():
                         self._restart_server(name, "unresponsive")
 
+    def _check_streams(self) -> None:
+        """Register again when the kubelet ended a server's ListAndWatch stream (see
+        ``DevicePluginServicer.ListAndWatch``): the first time at once, then with backoff, so a kubelet
+        that keeps dropping us costs one Register per backoff period, not a loop."""
+        now = time.monotonic()
+        for name, server in list(self.servers.items()):
+            if not server.stream_lost.is_set():
+                continue
+            losses = self._stream_losses.setdefault(name, _StreamLosses())
+            if not losses.due(now):
+                continue
+            server.stream_lost.clear()
+            losses.record(now)
+            logger.warning("the kubelet ended the ListAndWatch stream of '%s' while it is still served (it "
+                           "now counts its devices as Unhealthy): registering again", name)
+            self.reregistrations += 1
+            self.metrics.reregistrations.labels(name, "stream-lost").inc()
+            reg = self.registrars.get(name)
+            if reg is not None and reg.server is server:
+                reg.trigger()
+
     # ------------------------------------------------------------------------------ NVML source
     def _start_source(self) -> Any:
         source = self.source_factory()
@@ -414,6 +454,7 @@ class DevicePluginManager:
                 self._apply_snapshot(snap)  # also re-evaluates health recovery every tick
                 self._sync_servers()
                 self._check_sockets()
+                self._check_streams()
         except Exception as exc:  # keep the exit path orderly and the cause in the log
             logger.exception("device plugin loop failed")
             self._fatal = self._fatal or f"device plugin loop failed: {exc}"

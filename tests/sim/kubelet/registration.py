@@ -11,9 +11,9 @@ Model of kubernetes ``pkg/kubelet/cm/devicemanager/plugin/v1beta1/``:
 * ``client.go`` ``Connect`` (dial with a 10 s ``WithBlock`` timeout, then ``GetDevicePluginOptions`` with
   no deadline), ``Run`` (ListAndWatch with no deadline), ``Disconnect``.
 
-Test seams, both off by default: ``stream_end_delay_s`` makes the kubelet notice an ended stream late (a
-busy kubelet: the window of the race above), ``drop_stream()`` breaks a client's connection from the
-kubelet side (a transport error).
+Test seams, both off by default: ``stream_end_delay_s`` makes the kubelet notice late that a plugin
+ended a stream (a busy kubelet: the window of the race above; an end the kubelet caused itself it sees
+at once), ``drop_stream()`` breaks a client's connection from the kubelet side (a transport error).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class PluginClient:
         self.alive = alive
         self.channel: grpc.Channel | None = None
         self.api: Any = None
+        self.closed_by_kubelet = False  # the kubelet itself ended the connection (it sees that at once)
         self._lock = threading.Lock()
 
     def connect(self) -> None:
@@ -142,6 +143,7 @@ class PluginClient:
         """Close the gRPC connection aside (closing waits for the stream's reader thread)."""
         with self._lock:
             channel, self.channel = self.channel, None
+            self.closed_by_kubelet = True
         if channel is None:
             return None
         closer = threading.Thread(target=channel.close, name=f"close-{self.resource}", daemon=True)
@@ -261,8 +263,8 @@ class RegistrationServer(api_pb2_grpc.RegistrationServicer):
         client.run()
         if not self.alive:
             return
-        if self.stream_end_delay_s > 0:
-            time.sleep(self.stream_end_delay_s)  # test seam: a busy kubelet gets here late
+        if self.stream_end_delay_s > 0 and not client.closed_by_kubelet:
+            time.sleep(self.stream_end_delay_s)  # test seam: a busy kubelet notices the plugin's end late
         current = self.get_client(name)  # by NAME: possibly a newer registration's client
         if current is None or not self.alive:
             return
