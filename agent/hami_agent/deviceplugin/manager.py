@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hami_agent import log
+from hami_agent import known_bad_drivers, log
 from hami_agent.deviceplugin.allocator import Allocator
 from hami_agent.deviceplugin.devices import PlanError, ResourcePlan, degrade, plan_resources
 from hami_agent.deviceplugin.health import HealthTracker
@@ -34,8 +34,6 @@ from hami_agent.deviceplugin.settings import PluginSettings
 logger = logging.getLogger(__name__)
 
 CRASH_MESSAGE = "GRPC server has repeatedly crashed"
-# R570 builds whose NVML hangs on nodes mixing MIG and full GPUs (gpu-operator #1361, seed 003)
-KNOWN_BAD_DRIVERS = ("570.124.06", "570.133.20", "570.148.08", "570.158.01")
 
 
 @dataclass(frozen=True)
@@ -220,11 +218,11 @@ class DevicePluginManager:
     def _apply_snapshot(self, snap: Any) -> None:
         status = getattr(snap, "status", "ok")
         driver = getattr(snap, "driver_version", None)
-        if driver in KNOWN_BAD_DRIVERS and driver != self._warned_driver:
+        bad = known_bad_drivers.lookup(driver)
+        if bad is not None and driver != self._warned_driver:
             self._warned_driver = driver
-            logger.warning("driver %s is known to hang NVML on nodes mixing MIG and full GPUs (NVIDIA "
-                           "gpu-operator #1361); upgrade to 570.172.08 or later. This plugin keeps answering "
-                           "the kubelet from its last snapshot meanwhile", driver)
+            logger.warning("driver %s is a known-bad build: %s (or later). This plugin keeps answering the "
+                           "kubelet from its last snapshot meanwhile", driver, bad["reason"])
         notes: list[str] = []
         try:
             raw = plan_resources(snap, self.settings, notes)
