@@ -1,4 +1,4 @@
-"""SIMULATED kubelet for one sandbox node: tests/sim/kubelet.py's device manager plus the two things a
+"""SIMULATED kubelet for one sandbox node: the device manager of tests/sim/kubelet/ plus the two things a
 real kubelet also does that the scheduler and the demo need:
 
 * node status: ``status.capacity`` / ``status.allocatable`` of every device-plugin resource (counts of

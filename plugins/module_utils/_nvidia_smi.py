@@ -15,6 +15,8 @@ import re
 import signal
 import subprocess
 
+from ansible_collections.hami.node.plugins.module_utils import known_bad_drivers
+
 DRIVER_NOT_LOADED_MARK = "couldn't communicate with the NVIDIA driver"
 C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": "C"}
 
@@ -34,6 +36,10 @@ QUERY_FIELDS = (
 )
 
 
+def _fixed_in():
+    return " or ".join(sorted({e["fixed_in"] for e in known_bad_drivers.KNOWN_BAD_DRIVERS.values()}))
+
+
 class SmiTimeout(Exception):
     """The tool did not finish before its deadline: NVML is probably hung."""
 
@@ -41,10 +47,10 @@ class SmiTimeout(Exception):
         self.argv = list(argv)
         self.timeout_s = timeout_s
         super().__init__(
-            "%s did not answer within %ss: NVML hang suspected (known trigger: driver 570.124.06-570.158.01 "
-            "with mixed MIG + full GPUs, NVIDIA gpu-operator #1361). Check `dmesg -T` for Xid errors and "
-            "processes in D state; upgrade the driver to 570.172.08 or disable MIG on the node, then reboot."
-            % (" ".join(self.argv[:3]), timeout_s)
+            "%s did not answer within %ss: NVML hang suspected (known trigger: driver %s with mixed MIG "
+            "+ full GPUs, NVIDIA gpu-operator #1361). Check `dmesg -T` for Xid errors and processes in D "
+            "state; upgrade the driver to %s or disable MIG on the node, then reboot."
+            % (" ".join(self.argv[:3]), timeout_s, known_bad_drivers.describe_versions("or"), _fixed_in())
         )
 
 

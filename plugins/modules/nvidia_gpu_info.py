@@ -16,7 +16,7 @@ description:
     MIG mode (current and pending), MIG devices, compute mode and persistence mode, using C(nvidia-smi)
     with C(LC_ALL=C).
   - Flags drivers on the known-bad list (data in C(plugins/module_utils/known_bad_drivers.py)), such as
-    570.124.06 to 570.158.01, whose NVML hangs on nodes that mix MIG and full GPUs (NVIDIA gpu-operator
+    the R570 builds whose NVML hangs on nodes that mix MIG and full GPUs (NVIDIA gpu-operator
     issue 1361).
   - Every C(nvidia-smi) call has a deadline. When it passes, the module does not hang. It returns
     RV(nvml_hang_suspected=true) with the remedy, or fails when O(fail_on_hang=true).

@@ -83,7 +83,8 @@ options:
   allow_known_bad_driver:
     description:
       - By default the module refuses a layout that mixes MIG and full GPUs when the driver is on the
-        known-bad list for that layout (570.124.06 to 570.158.01, whose NVML hangs, seed 003).
+        known-bad list for that layout (R570 builds whose NVML hangs, seed 003; data in
+        C(plugins/module_utils/known_bad_drivers.py)).
       - Set to V(true) to apply it anyway.
     type: bool
     default: false

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hami_agent import log
+from hami_agent import known_bad_drivers, log
 from hami_agent.deviceplugin.allocator import Allocator
 from hami_agent.deviceplugin.devices import PlanError, ResourcePlan, degrade, plan_resources
 from hami_agent.deviceplugin.health import HealthTracker
@@ -34,8 +34,6 @@ from hami_agent.deviceplugin.settings import PluginSettings
 logger = logging.getLogger(__name__)
 
 CRASH_MESSAGE = "GRPC server has repeatedly crashed"
-# R570 builds whose NVML hangs on nodes mixing MIG and full GPUs (gpu-operator #1361, seed 003)
-KNOWN_BAD_DRIVERS = ("570.124.06", "570.133.20", "570.148.08", "570.158.01")
 
 
 @dataclass(frozen=True)
@@ -120,6 +118,24 @@ class _AnyEvent:
         return True
 
 
+@dataclass
+class _StreamLosses:
+    """Backoff for registering again after lost streams: 0 s, then 0.5 s doubling up to 30 s; a resource
+    whose last loss is a minute old starts over."""
+
+    count: int = 0
+    last: float = float("-inf")
+
+    def due(self, now: float) -> bool:
+        if now - self.last > 60.0:
+            self.count = 0
+        return self.count == 0 or now - self.last >= min(30.0, 0.5 * 2 ** (self.count - 1))
+
+    def record(self, now: float) -> None:
+        self.count += 1
+        self.last = now
+
+
 class DevicePluginManager:
     """Runs the device plugin until ``stop()``; ``run()`` returns the process exit code."""
 
@@ -148,6 +164,7 @@ class DevicePluginManager:
         self._last_self_check = 0.0
         self._warned_driver: str | None = None
         self._notes_logged: set[str] = set()
+        self._stream_losses: dict[str, _StreamLosses] = {}
 
     # ------------------------------------------------------------------------------ control
     def current_snapshot(self) -> Any:
@@ -201,11 +218,11 @@ class DevicePluginManager:
     def _apply_snapshot(self, snap: Any) -> None:
         status = getattr(snap, "status", "ok")
         driver = getattr(snap, "driver_version", None)
-        if driver in KNOWN_BAD_DRIVERS and driver != self._warned_driver:
+        bad = known_bad_drivers.lookup(driver)
+        if bad is not None and driver != self._warned_driver:
             self._warned_driver = driver
-            logger.warning("driver %s is known to hang NVML on nodes mixing MIG and full GPUs (NVIDIA "
-                           "gpu-operator #1361); upgrade to 570.172.08 or later. This plugin keeps answering "
-                           "the kubelet from its last snapshot meanwhile", driver)
+            logger.warning("driver %s is a known-bad build: %s (or later). This plugin keeps answering the "
+                           "kubelet from its last snapshot meanwhile", driver, bad["reason"])
         notes: list[str] = []
         try:
             raw = plan_resources(snap, self.settings, notes)
@@ -346,6 +363,27 @@ class DevicePluginManager:
                     if not self._stop.is_set():
                         self._restart_server(name, "unresponsive")
 
+    def _check_streams(self) -> None:
+        """Register again when the kubelet ended a server's ListAndWatch stream (see
+        ``DevicePluginServicer.ListAndWatch``): the first time at once, then with backoff, so a kubelet
+        that keeps dropping us costs one Register per backoff period, not a loop."""
+        now = time.monotonic()
+        for name, server in list(self.servers.items()):
+            if not server.stream_lost.is_set():
+                continue
+            losses = self._stream_losses.setdefault(name, _StreamLosses())
+            if not losses.due(now):
+                continue
+            server.stream_lost.clear()
+            losses.record(now)
+            logger.warning("the kubelet ended the ListAndWatch stream of '%s' while it is still served (it "
+                           "now counts its devices as Unhealthy): registering again", name)
+            self.reregistrations += 1
+            self.metrics.reregistrations.labels(name, "stream-lost").inc()
+            reg = self.registrars.get(name)
+            if reg is not None and reg.server is server:
+                reg.trigger()
+
     # ------------------------------------------------------------------------------ NVML source
     def _start_source(self) -> Any:
         source = self.source_factory()
@@ -414,6 +452,7 @@ class DevicePluginManager:
                 self._apply_snapshot(snap)  # also re-evaluates health recovery every tick
                 self._sync_servers()
                 self._check_sockets()
+                self._check_streams()
         except Exception as exc:  # keep the exit path orderly and the cause in the log
             logger.exception("device plugin loop failed")
             self._fatal = self._fatal or f"device plugin loop failed: {exc}"

@@ -115,13 +115,15 @@ def to_pb_container_response(r: ContainerResponse) -> Any:
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, state: DeviceState, allocator: Allocator, settings: PluginSettings,
-                 metrics: PluginMetrics, runner: DeadlineRunner, *, stopping: threading.Event) -> None:
+                 metrics: PluginMetrics, runner: DeadlineRunner, *, stopping: threading.Event,
+                 stream_lost: threading.Event | None = None) -> None:
         self.state = state
         self.allocator = allocator
         self.settings = settings
         self.metrics = metrics
         self.runner = runner
         self.stopping = stopping
+        self.stream_lost = stream_lost
 
     @property
     def resource(self) -> str:
@@ -156,17 +158,27 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return OPTIONS
 
     def ListAndWatch(self, request, context):  # noqa: N802
+        # The kubelet never reopens a stream that ended: it marks every device Unhealthy and waits for a
+        # new Register (kubernetes devicemanager plugin/v1beta1 client.go Run, handler.go runClient). So a
+        # stream that ends while this server still serves -- the kubelet dropped it, or disconnected this
+        # registration because an older stream of ours ended late (kubernetes #121994) -- is reported to
+        # the manager through ``stream_lost``, which registers again.
+        context.add_callback(self.state.wake)  # notice the kubelet's cancel at once, not at the next tick
         version = -1
-        while not self.stopping.is_set() and context.is_active():
-            plan, current = self.state.current()
-            if current != version:
-                version = current
-                healthy = sum(1 for d in plan.devices if d.healthy)
-                log.v(logger, 4, "ListAndWatch '%s': %d devices (%d healthy)", plan.resource_name,
-                      len(plan.devices), healthy)
-                devices = to_pb_devices(plan, self.settings.enable_numa_topology)
-                yield api_pb2.ListAndWatchResponse(devices=devices)
-            self.state.wait_newer(version, timeout=0.5)
+        try:
+            while not self.stopping.is_set() and context.is_active():
+                plan, current = self.state.current()
+                if current != version:
+                    version = current
+                    healthy = sum(1 for d in plan.devices if d.healthy)
+                    log.v(logger, 4, "ListAndWatch '%s': %d devices (%d healthy)", plan.resource_name,
+                          len(plan.devices), healthy)
+                    devices = to_pb_devices(plan, self.settings.enable_numa_topology)
+                    yield api_pb2.ListAndWatchResponse(devices=devices)
+                self.state.wait_newer(version, timeout=0.5)
+        finally:
+            if not self.stopping.is_set() and self.stream_lost is not None:
+                self.stream_lost.set()
 
     def GetPreferredAllocation(self, request, context):  # noqa: N802
         reqs = [PreferredRequest(tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs),
@@ -241,6 +253,8 @@ class PluginServer:
         self._stopping = threading.Event()
         self._inode: tuple[int, int] | None = None
         self.watcher_registered = threading.Event()
+        # set when a ListAndWatch stream ends while this server still serves (the manager registers again)
+        self.stream_lost = threading.Event()
 
     @staticmethod
     def _ident(path: str) -> tuple[int, int] | None:
@@ -263,7 +277,7 @@ class PluginServer:
         server = grpc.server(self._executor)
         api_pb2_grpc.add_DevicePluginServicer_to_server(
             DevicePluginServicer(self.state, self.allocator, self.settings, self.metrics, self.runner,
-                                 stopping=self._stopping), server)
+                                 stopping=self._stopping, stream_lost=self.stream_lost), server)
         server.add_insecure_port(f"unix://{self.path}")
         if self.settings.registration_mode == "plugin-watcher":
             def on_status(ok: bool, error: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hami_agent.doctor import knownbad
 from hami_agent.doctor.trees.seed001_scheduler import REASONS
 
 
@@ -39,7 +40,7 @@ _DOCS: dict[str, CodeDoc] = {
         "NVML hangs on a known-bad R570 driver",
         "The device plugin stops answering (see KUBELET_DEVICE_MANAGER_STALL); `nvidia-smi` may hang too; "
         "the node mixes MIG-partitioned and full GPUs.",
-        "Drivers 570.124.06, 570.133.20, 570.148.08 and 570.158.01 have an NVML regression: `nvmlInit` hangs "
+        f"Drivers {knownbad.describe_versions()} have an NVML regression: `nvmlInit` hangs "
         "on nodes with a mix of MIG slices and full GPUs (NVIDIA gpu-operator #1361). Fixed in 570.172.08; "
         "workaround: downgrade to 570.86.15 or undo the MIG split. Doctor reads the driver version from "
         "/sys/module/nvidia/version when NVML itself hangs.",

@@ -1,7 +1,7 @@
-"""Known-bad NVIDIA driver builds, as data (reference kubelet-nvidia.md §3.1).
+"""Known-bad NVIDIA driver builds as typed records for the doctor.
 
-The Ansible collection keeps the same list in ``plugins/module_utils/known_bad_drivers.py``; the agent must
-not import ``plugins/``, so the list lives here too and a unit test asserts that both agree.
+The list itself lives in one place, ``plugins/module_utils/known_bad_drivers.py`` (the agent imports it
+as ``hami_agent.known_bad_drivers``); this module only gives it dataclass types.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-GPU_OPERATOR_1361 = "https://github.com/NVIDIA/gpu-operator/issues/1361"
+from hami_agent import known_bad_drivers as _source
 
 
 @dataclass(frozen=True)
@@ -21,16 +21,10 @@ class BadDriver:
     fixed_in: str
 
 
-_MIXED_MIG_HANG = dict(
-    reason="NVML hang with mixed MIG + full GPUs (NVIDIA gpu-operator #1361); upgrade to 570.172.08",
-    reference=GPU_OPERATOR_1361,
-    condition="mixed_mig",
-    fixed_in="570.172.08",
-)
-
 KNOWN_BAD_DRIVERS: dict[str, BadDriver] = {
-    v: BadDriver(version=v, **_MIXED_MIG_HANG)  # type: ignore[arg-type]
-    for v in ("570.124.06", "570.133.20", "570.148.08", "570.158.01")
+    v: BadDriver(version=v, reason=e["reason"], reference=e["reference"], condition=e["condition"],
+                 fixed_in=e["fixed_in"])
+    for v, e in _source.KNOWN_BAD_DRIVERS.items()
 }
 
 
@@ -44,6 +38,12 @@ def triggered(entry: BadDriver | None, mig_modes: Iterable[bool]) -> bool:
     """True when the bad build's trigger holds for these per-GPU MIG-enabled flags."""
     if entry is None:
         return False
-    if entry.condition == "mixed_mig":
-        return set(bool(m) for m in mig_modes) == {True, False}
-    return True
+    return _source.triggered({"condition": entry.condition}, mig_modes)
+
+
+def sorted_versions() -> list[str]:
+    return list(_source.sorted_versions())
+
+
+def describe_versions(conjunction: str = "and") -> str:
+    return _source.describe_versions(conjunction)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hami_agent.doctor import knownbad
 from hami_agent.doctor.engine import PredicateRegistry
 from hami_agent.doctor.model import MISSING, Facts
 
@@ -77,10 +78,14 @@ def nvml_init_error(f: Facts) -> bool | None:
 
 @predicate("driver_known_bad")
 def driver_known_bad(f: Facts) -> bool | None:
-    """the NVIDIA driver version (from NVML, or /sys/module/nvidia/version when NVML hangs) is on the
-    known-bad list (570.124.06, 570.133.20, 570.148.08, 570.158.01)"""
     v = f.get("driver.known_bad")
     return None if v is MISSING else bool(v)
+
+
+# the runbooks quote this docstring; the list comes from its one source
+driver_known_bad.__doc__ = (
+    "the NVIDIA driver version (from NVML, or /sys/module/nvidia/version when NVML hangs) is on the\n"
+    f"    known-bad list ({', '.join(knownbad.sorted_versions())})")
 
 
 @predicate("mig_mixed")

@@ -13,10 +13,9 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from hami_agent import known_bad_drivers
 
-KNOWN_BAD_DRIVERS = ("570.124.06", "570.133.20", "570.148.08", "570.158.01")
-FIXED_DRIVER = "570.172.08"
+logger = logging.getLogger(__name__)
 
 
 def _positive_float(text: str) -> float:
@@ -40,8 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def hang_hint(call: str | None) -> str:
     if call != "nvmlInit":
         return ""
-    return (f"; NVIDIA drivers {', '.join(KNOWN_BAD_DRIVERS)} hang in nvmlInit on nodes that mix MIG "
-            f"and full GPUs: upgrade the driver to {FIXED_DRIVER} or later, or disable MIG on this node")
+    fixed = sorted({e["fixed_in"] for e in known_bad_drivers.KNOWN_BAD_DRIVERS.values()})
+    return (f"; NVIDIA drivers {known_bad_drivers.describe_versions()} hang in nvmlInit on nodes that mix "
+            f"MIG and full GPUs: upgrade the driver to {' or '.join(fixed)} or later, or disable MIG on this "
+            "node")
 
 
 def _health(gpu: Any) -> str:

@@ -382,17 +382,25 @@ NVML_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int 
     END(copy_out(version, length, cur->driver_version));
 }
 
+/* Documented without NVML_ERROR_UNINITIALIZED: usable before nvmlInit (return codes: nvml.h). */
 NVML_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 {
-    BEGIN("nvmlSystemGetNVMLVersion");
+    nvmlReturn_t r = enter("nvmlSystemGetNVMLVersion", 0);
+    if (r != NVML_SUCCESS)
+        return r;
     END(copy_out(version, length, cur->nvml_version));
 }
 
+/* Asks libcuda.so.1 itself, so it needs no nvmlInit; no CUDA driver library -> LIBRARY_NOT_FOUND. */
 NVML_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
 {
-    BEGIN("nvmlSystemGetCudaDriverVersion");
+    nvmlReturn_t r = enter("nvmlSystemGetCudaDriverVersion", 0);
+    if (r != NVML_SUCCESS)
+        return r;
     if (!v)
         END(NVML_ERROR_INVALID_ARGUMENT);
+    if (cur->cuda_driver_version <= 0)
+        END(NVML_ERROR_LIBRARY_NOT_FOUND);
     *v = cur->cuda_driver_version;
     END(NVML_SUCCESS);
 }
@@ -423,6 +431,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlD
     BEGIN("nvmlDeviceGetHandleByIndex_v2");
     if (!device || index >= (unsigned)cur->ngpus)
         END(NVML_ERROR_INVALID_ARGUMENT);
+    if (cur->gpu[index].lost) /* documented: a GPU that fell off the bus gives no handle */
+        END(NVML_ERROR_GPU_IS_LOST);
     *device = &gpu_handles[index];
     END(NVML_SUCCESS);
 }
@@ -437,6 +447,9 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
     BEGIN("nvmlDeviceGetHandleByUUID");
     if (!uuid || !device)
         END(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < cur->ngpus; i++) /* documented: GPU_IS_LOST "if any GPU has fallen off the bus" */
+        if (cur->gpu[i].lost)
+            END(NVML_ERROR_GPU_IS_LOST);
     for (int i = 0; i < cur->ngpus; i++) {
         gs_gpu *g = &cur->gpu[i];
         if (!strcmp(g->uuid, uuid)) {
@@ -1052,6 +1065,9 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
     for (;;) {
         if (next_event(set, data))
             return leave(NVML_SUCCESS);
+        for (int i = 0; i < cur->ngpus; i++) /* documented: GPU_IS_LOST if a (registered) GPU fell off */
+            if (set->mask[i] && cur->gpu[i].lost)
+                return leave(NVML_ERROR_GPU_IS_LOST);
         pthread_mutex_unlock(&lock);
         double left = deadline - now_s();
         if (left <= 0)

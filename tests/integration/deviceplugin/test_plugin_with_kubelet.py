@@ -225,3 +225,21 @@ def test_lock_file_present_at_start_keeps_nvml_untouched_until_released(
     lock.unlink()
     assert kubelet.wait_registered(GPU, 5, min_devices=2)
     assert src.started == 1
+
+
+def test_init_container_devices_reused_by_a_bigger_app_container(kubelet, start_plugin):
+    """The kubelet reuses the init container's device for the app container and asks GetPreferredAllocation
+    for the rest with that device as must_include and the app's whole request as size."""
+    r = start_plugin(FakeSource(FakeSnapshot(gpus=full_gpus(4))), device_split_count=4)
+    assert kubelet.wait_registered(GPU, 5, min_devices=16)
+    u0, u1, u2 = gpu_uuid(0), gpu_uuid(1), gpu_uuid(2)
+    annotated = f"{u1},NVIDIA,500,10:;{u0},NVIDIA,1000,20:{u2},NVIDIA,1000,20:;"
+    pod = hami_pod("reuse", NODE, [ctr("app", 2)], annotated, init=[ctr("init", 1)], bind_time=4)
+    r.pods.add_pod(pod)
+    res = kubelet.admit(pod, timeout=10)
+    assert res is not None and res.admitted, res
+    init_dev = res.allocations["init"][GPU]["devices"]
+    app = res.allocations["app"][GPU]
+    assert init_dev[0].startswith(u1) and set(init_dev) < set(app["devices"]) and len(app["devices"]) == 2
+    assert app["envs"]["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u2}"  # the scheduler's GPUs, whatever the IDs
+    assert r.pods.pods[("default", "reuse")]["metadata"]["annotations"][keys.BIND_PHASE] == "success"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hami_agent.deviceplugin.api.api_pb2 import ContainerAllocateResponse
 from hami_agent.k8s.client import KubeClient
 from sandbox.node_sim import NodeSim
 from tests.sim.apiserver import ApiServer
@@ -59,9 +60,12 @@ def test_node_status_and_pod_lifecycle(tmp_path: Path) -> None:
             assert _phase(api, "elsewhere") in (None, "Pending")
             # a deleted pod's devices are released
             uid = api.get("Pod", "default", "web")["metadata"]["uid"]
-            kubelet.allocated[uid] = {"nvidia.com/gpu": {"GPU-1-0"}}
+            with kubelet.device_manager.cond:  # as if a device plugin had given it a GPU
+                kubelet.device_manager.pod_devices.insert(uid, "c", "nvidia.com/gpu", {-1: ["GPU-1-0"]},
+                                                          ContainerAllocateResponse())
+            assert kubelet.holds(uid)
             api.delete("Pod", "default", "web")
-            assert _wait(lambda: uid not in kubelet.allocated)
+            assert _wait(lambda: not kubelet.holds(uid))
         finally:
             sim.stop.set()
             t.join(5)

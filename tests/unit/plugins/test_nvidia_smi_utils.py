@@ -213,7 +213,12 @@ def test_dpkg_and_versions(tmp_path):
 
 
 def test_known_bad_driver_data():
-    for version in ("570.124.06", "570.133.20", "570.148.08", "570.158.01"):
+    # the R570 regression of NVIDIA gpu-operator #1361, which seed 003 hit
+    versions = known_bad_drivers.sorted_versions()
+    assert len(versions) == 4
+    assert versions[0] == "570.124.06"  # where the regression starts
+    assert "570.158.01" in versions  # seed 003's driver
+    for version in versions:
         entry = known_bad_drivers.lookup(version)
         assert entry["reason"] == (
             "NVML hang with mixed MIG + full GPUs (NVIDIA gpu-operator #1361); upgrade to 570.172.08"

@@ -1,6 +1,6 @@
 """Seed 003 (the incident): kubelet admission blocked behind a GetPreferredAllocation that never returns,
-because NVML hangs on R570 drivers 570.124.06-570.158.01 when MIG and full GPUs are mixed; and, after the
-driver upgrade, the MPS control binary that went missing."""
+because NVML hangs on the known-bad R570 drivers (``hami_agent.known_bad_drivers``) when MIG and full
+GPUs are mixed; and, after the driver upgrade, the MPS control binary that went missing."""
 
 from hami_agent.doctor.engine import Rule, Tree
 from hami_agent.doctor.model import CRITICAL, ERROR, INFO, WARNING

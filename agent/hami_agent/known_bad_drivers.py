@@ -1,0 +1,1 @@
+../../plugins/module_utils/known_bad_drivers.py
