@@ -4,8 +4,9 @@ Compares our server with a *bare* gRPC server (no-op handlers, same messages, sa
 with NVML healthy and with NVML hung (gpusim, the SIMULATED libnvidia-ml.so.1, driver 570.158.01 on
 seed 003's node: every NVML call blocks). Goal (DESIGN §2 rule 1): ours <= 3x the bare round trip and
 unaffected by the hang. Each Allocate is for a fresh pending pod (annotations as HAMi's scheduler
-writes them), so the full path runs: pod lookup, decode, envs/mounts, host dirs, annotation patch
-(in-memory pod source, no network), lock release.
+writes them, with the node lock naming it), so the full path runs: lock-owner lookup, decode, capacity
+and kubelet-choice checks, envs/mounts, host dirs, the conditional annotation patch (in-memory pod
+source, no network); the lock release runs on the background writer.
 
 Run: ``python -m benchmarks deviceplugin``, or
 ``python -m benchmarks.deviceplugin.bench [--calls N] [--json]``.
@@ -34,6 +35,7 @@ from hami_agent.deviceplugin.manager import DevicePluginManager
 from hami_agent.deviceplugin.podsource import MemoryPodSource
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.protocol import keys
+from hami_agent.protocol.devices import NodeDevice, encode_node_devices
 
 NODE = "bench-node"
 
@@ -75,13 +77,21 @@ class OnePendingPod(MemoryPodSource):
                         keys.BIND_TIME: str(i),
                         keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
                         keys.DEVICES_TO_ALLOCATE: f"{uuid},NVIDIA,4096,30:;",
+                        keys.DEVICES_ALLOCATED: f"{uuid},NVIDIA,4096,30:;",
                     },
                 },
-                "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
+                "spec": {
+                    "nodeName": NODE,
+                    "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                },
                 "status": {"phase": "Pending"},
             }
         )
+        # what the scheduler's /bind and the node registration loop leave on the node
         self.node_annotations[keys.NODE_LOCK] = f"2026-11-21T12:00:00Z,default,bench-{i}"
+        self.node_annotations[keys.NODE_REGISTER] = encode_node_devices(
+            [NodeDevice(id=uuid, count=10, devmem=97871, devcore=100, type="NVIDIA-H20", health=True)]
+        )
 
 
 def pct(values: list[float], q: float) -> float:

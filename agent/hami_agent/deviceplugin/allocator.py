@@ -1,15 +1,26 @@
-"""GetPreferredAllocation and Allocate logic (HAMi semantics, reference/hami.md §6.2-6.4).
+"""GetPreferredAllocation and Allocate (HAMi semantics, reference: HAMi ``pkg/device-plugin/nvidiadevice``
+``plugin.go`` Allocate / GetPreferredAllocation), with three rules HAMi does not have:
+
+1. **The pod is the node lock's owner, pinned by uid** (``owner.py``): no fallback to "the oldest
+   binding pod"; a refusal writes nothing.
+2. **One deadline budget, and no success after an error answer** (``budget.py``): every API call gets
+   what is left of the RPC's deadline; the success write is the last step and goes through
+   ``RpcBudget.commit``; everything written after the answer (lock release, ``bind-phase=failed``) goes
+   to the background ``LateWriter``, so nothing on the kubelet's path sleeps or retries.
+3. **Only what the scheduler allocated, never more than the node has**: the kubelet's device IDs must
+   match the owner's ``hami.io/vgpu-devices-to-allocate`` for the container served (except devices the
+   kubelet re-uses from the pod's own init containers), that entry must equal the scheduler's
+   ``hami.io/vgpu-devices-allocated``, and the pod's allocation plus the other allocated pods must fit
+   the node's registered capacity (``capacity.py``).
 
 No NVML and no unbounded I/O: device facts come from the current ``ResourcePlan`` (built from the
-in-memory NVML snapshot), pods from ``PodSource`` caches; the only network calls are the
-short-timeout fallbacks and write-backs of ``PodSource``. The server runs these methods under a hard
-per-RPC deadline on top of that.
-
-Responses are plain dataclasses (``ContainerResponse``) so this module stays free of gRPC.
+in-memory NVML snapshot), pods from ``PodSource`` caches. Responses are plain dataclasses
+(``ContainerResponse``) so this module stays free of gRPC.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import os
@@ -20,8 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hami_agent import log
+from hami_agent.deviceplugin.budget import BudgetExhausted, LateCommit, RpcBudget
+from hami_agent.deviceplugin.capacity import check_capacity, held_by_others, registered_devices
 from hami_agent.deviceplugin.devices import KIND_MIG, ResourcePlan, physical_id
-from hami_agent.deviceplugin.podsource import PodSource, PodSourceError
+from hami_agent.deviceplugin.errors import AllocationError, Refused
+from hami_agent.deviceplugin.latewriter import LateWriter
+from hami_agent.deviceplugin.owner import LockOwner, annotations, find_lock_owner, rivals
+from hami_agent.deviceplugin.podsource import PodChanged, PodSource, PodSourceError
 from hami_agent.deviceplugin.settings import MODE_MPS, PluginSettings
 from hami_agent.protocol import keys
 from hami_agent.protocol.devices import ContainerDevice, decode_pod_devices, encode_pod_devices
@@ -30,10 +46,9 @@ from hami_agent.protocol.errors import ProtocolError
 logger = logging.getLogger(__name__)
 
 OVERLAY_TTL_S = 600.0
+MEMORY_LIMIT = 4096  # pods remembered (overlay, settled uids, handed device IDs): bounded
 
-
-class AllocationError(RuntimeError):
-    """Allocate/GetPreferredAllocation cannot be answered; the message is what the kubelet shows."""
+__all__ = ["AllocationError", "Allocator", "ContainerResponse", "MountSpec", "PreferredRequest", "Refused"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +73,6 @@ class PreferredRequest:
 
 def _is_nvidia(d: ContainerDevice) -> bool:
     return keys.NVIDIA_DEVICE in d.type
-
-
-def _annotations(pod: dict) -> dict[str, str]:
-    return (pod.get("metadata") or {}).get("annotations") or {}
 
 
 def _pod_key(pod: dict) -> str:
@@ -89,110 +100,119 @@ def _env_value(container: dict, name: str) -> str | None:
     return None
 
 
+def _shape(devices: Sequence[ContainerDevice]) -> list[tuple[str, int, int]]:
+    return sorted((d.uuid, d.usedmem, d.usedcores) for d in devices if _is_nvidia(d))
+
+
+def _may_have_landed(exc: BaseException) -> bool:
+    """After the success write was sent and failed: could it have been applied anyway?"""
+    if isinstance(exc, LateCommit):
+        return True  # it was applied, after the error answer
+    if isinstance(exc, PodChanged):
+        return False  # a precondition failed: the server applied nothing
+    if isinstance(exc, PodSourceError):
+        return exc.unknown
+    return True  # anything else (a bug mid-write): assume the worst, restoring is harmless
+
+
+def _remember_bounded(store: collections.OrderedDict, key: str, value: object) -> None:
+    store[key] = value
+    store.move_to_end(key)
+    while len(store) > MEMORY_LIMIT:
+        store.popitem(last=False)
+
+
 class Allocator:
     """Serves one node. Thread-safe; Allocate calls are serialized (as in HAMi)."""
 
     def __init__(self, settings: PluginSettings, pods: PodSource,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, writer: LateWriter | None = None) -> None:
         self.settings = settings
         self.pods = pods
         self._clock = clock
-        self._lock = threading.Lock()
-        # Annotations we patched, applied over cached pods until the informer catches up: otherwise a
-        # multi-container pod whose second Allocate arrives before the watch event would get its first
-        # container's devices again.
-        self._overlay: dict[str, tuple[float, dict[str, str | None]]] = {}
-        self._overlay_lock = threading.Lock()
+        self.writer = writer or LateWriter(settings.late_write_timeout_s)
+        self._serial = threading.Lock()
+        self._memory_lock = threading.Lock()
+        # Annotations we wrote (or are writing in the background), applied over cached pods until the
+        # informer catches up: otherwise a multi-container pod whose second Allocate arrives before the
+        # watch event would get its first container's devices again.
+        self._overlay: collections.OrderedDict[str, tuple[float, dict[str, str]]] = collections.OrderedDict()
+        # uid -> "success" / "failed": pods whose admission this plugin has answered (never rivals again)
+        self._settled: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # uid -> replica IDs handed to the pod's containers: the kubelet re-uses init containers' devices
+        self._handed: collections.OrderedDict[str, frozenset[str]] = collections.OrderedDict()
 
-    # ---------------------------------------------------------------------------------- pod lookup
+    def new_budget(self, what: str) -> RpcBudget:
+        s = self.settings
+        return RpcBudget(what, s.rpc_deadline_s, reply_margin_s=s.rpc_reply_margin_s,
+                         commit_margin_s=s.commit_margin_s, api_timeout_s=s.api_timeout_s)
+
+    def close(self) -> None:
+        self.writer.stop()
+
+    # ------------------------------------------------------------------------------ plugin memory
     def _with_overlay(self, pod: dict) -> dict:
         uid = (pod.get("metadata") or {}).get("uid") or _pod_key(pod)
-        with self._overlay_lock:
+        with self._memory_lock:
             entry = self._overlay.get(uid)
             if entry is None:
                 return pod
             at, patch = entry
-            ann = _annotations(pod)
+            ann = annotations(pod)
             if self._clock() - at > OVERLAY_TTL_S or all(ann.get(k) == v for k, v in patch.items()):
                 del self._overlay[uid]  # cache caught up (or entry too old to matter)
                 return pod
         pod = copy.deepcopy(pod)
-        ann = pod.setdefault("metadata", {}).setdefault("annotations", {})
-        for k, v in patch.items():
-            if v is None:
-                ann.pop(k, None)
-            else:
-                ann[k] = v
+        pod.setdefault("metadata", {}).setdefault("annotations", {}).update(patch)
         return pod
 
-    def _remember(self, pod: dict, patch: dict[str, str | None]) -> None:
-        uid = (pod.get("metadata") or {}).get("uid") or _pod_key(pod)
-        now = self._clock()
-        with self._overlay_lock:
+    def _remember(self, uid: str, patch: dict[str, str]) -> None:
+        with self._memory_lock:
             old = self._overlay.get(uid, (0.0, {}))[1]
-            self._overlay[uid] = (now, {**old, **patch})
-            for key in [k for k, (at, _) in self._overlay.items() if now - at > OVERLAY_TTL_S]:
-                del self._overlay[key]  # pods deleted before the cache caught up
+            _remember_bounded(self._overlay, uid, (self._clock(), {**old, **patch}))
 
-    def _is_binding(self, pod: dict) -> bool:
-        ann = _annotations(pod)
-        phase = (pod.get("status") or {}).get("phase", "Pending")
-        return (phase == "Pending" and keys.BIND_TIME in ann
-                and ann.get(keys.BIND_PHASE) in (keys.BIND_PHASE_ALLOCATING, keys.BIND_PHASE_SUCCESS)
-                and ann.get(keys.VGPU_NODE) == self.settings.node_name)
+    def _settle(self, uid: str, outcome: str) -> None:
+        with self._memory_lock:
+            _remember_bounded(self._settled, uid, outcome)
 
-    @staticmethod
-    def _has_work(pod: dict) -> bool:
-        try:
-            containers = decode_pod_devices(_annotations(pod).get(keys.DEVICES_TO_ALLOCATE, ""))
-            return any(_is_nvidia(d) for c in containers for d in c)
-        except ProtocolError:
-            return True  # let Allocate report the decode error
+    def _settled_uids(self) -> frozenset[str]:
+        with self._memory_lock:
+            return frozenset(self._settled)
 
-    def find_pending_pod(self, use_api: bool = True) -> dict:
-        """HAMi's GetPendingPod: the node lock's owner first, then the oldest binding pod on the node.
-        Cache first; the API (short timeout) only when the cache has no answer yet (informer lag)."""
+    def _handed_to(self, uid: str) -> frozenset[str]:
+        with self._memory_lock:
+            return self._handed.get(uid, frozenset())
+
+    def _viewed_pods(self) -> list[dict]:
+        return [self._with_overlay(p) for p in self.pods.pods_on_node()]
+
+    # ---------------------------------------------------------------------------------- identity
+    def _owner(self, plan: ResourcePlan, budget: RpcBudget) -> LockOwner:
+        """The lock owner, if the kubelet cannot be admitting anyone else (``owner.py``)."""
         node = self.settings.node_name
-        pods = [self._with_overlay(p) for p in self.pods.pods_on_node()]
-        cands = [p for p in pods if self._is_binding(p) and self._has_work(p)]
-        owner = self.pods.lock_owner()
-        if owner:
-            for p in cands:
-                md = p.get("metadata") or {}
-                if (md.get("namespace", "default"), md.get("name")) == owner:
-                    return p
-        if cands:
-            def bind_time(p: dict) -> int:
-                try:
-                    return int(_annotations(p).get(keys.BIND_TIME, "0"))
-                except ValueError:
-                    return 0
-
-            return min(cands, key=bind_time)
-        if use_api:
-            try:
-                owner = owner or self.pods.fetch_lock_owner()
-                if owner:
-                    pod = self.pods.fetch_pod(*owner)
-                    if pod is not None:
-                        pod = self._with_overlay(pod)
-                        if self._is_binding(pod) and self._has_work(pod):
-                            return pod
-            except PodSourceError as exc:
-                raise AllocationError(f"failed to get pending pod: {exc}") from exc
-        raise AllocationError(f"no binding pod found on node {node}")
+        owner = find_lock_owner(self.pods, node, budget, self._with_overlay)
+        others = rivals(self._viewed_pods(), owner, plan.resource_name, self._settled_uids())
+        if others:
+            raise Refused(
+                f"ambiguous admission on node {node}: the node lock names {owner.ref}, but "
+                f"{', '.join(others)} also wait(s) for '{plan.resource_name}' on this node without an "
+                "allocation, and Allocate cannot tell which pod the kubelet is admitting; refusing and "
+                "writing nothing (pods that request GPUs must reach the node through the HAMi scheduler)")
+        return owner
 
     # ---------------------------------------------------------------------- GetPreferredAllocation
-    def preferred(self, plan: ResourcePlan, requests: Sequence[PreferredRequest]) -> list[list[str]]:
+    def preferred(self, plan: ResourcePlan, requests: Sequence[PreferredRequest],
+                  budget: RpcBudget | None = None) -> list[list[str]]:
+        budget = budget or self.new_budget("GetPreferredAllocation")
         pod_devices: list[list[ContainerDevice]] = []
         if plan.kind != KIND_MIG:
             try:
-                pod = self.find_pending_pod(use_api=True)
-                decoded = decode_pod_devices(_annotations(pod).get(keys.DEVICES_TO_ALLOCATE, ""))
+                owner = self._owner(plan, budget)
+                decoded = decode_pod_devices(annotations(owner.pod).get(keys.DEVICES_TO_ALLOCATE, ""))
                 pod_devices = [[d for d in c if _is_nvidia(d)] for c in decoded]
                 pod_devices = [c for c in pod_devices if c]
-            except (AllocationError, ProtocolError) as exc:
-                # advisory call: answer with a valid subset instead of failing the pod here
+            except (AllocationError, ProtocolError, BudgetExhausted, PodSourceError) as exc:
+                # advisory call: answer with a valid subset; Allocate decides (and explains) for real
                 log.v(logger, 3, "GetPreferredAllocation for '%s' without scheduler hint: %s",
                       plan.resource_name, exc)
         out = []
@@ -221,7 +241,9 @@ class Allocator:
         return chosen[: max(req.size, len(req.must_include))]
 
     # ------------------------------------------------------------------------------------ Allocate
-    def allocate(self, plan: ResourcePlan, requests: Sequence[Sequence[str]]) -> list[ContainerResponse]:
+    def allocate(self, plan: ResourcePlan, requests: Sequence[Sequence[str]],
+                 budget: RpcBudget | None = None) -> list[ContainerResponse]:
+        budget = budget or self.new_budget("Allocate")
         known = plan.by_id()
         for ids in requests:
             for i in ids:
@@ -230,84 +252,159 @@ class Allocator:
                         f"invalid allocation request for '{plan.resource_name}': unknown device: {i}")
         if plan.kind == KIND_MIG:
             return [ContainerResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(ids)}) for ids in requests]
-        with self._lock:
-            pod = self.find_pending_pod(use_api=True)
-            try:
-                return self._allocate_pod(plan, pod, requests)
-            except (AllocationError, PodSourceError) as exc:
-                self._mark_failed(pod, exc)
-                if isinstance(exc, AllocationError):
-                    raise
-                raise AllocationError(str(exc)) from exc
-
-    def _allocate_pod(self, plan: ResourcePlan, pod: dict,
-                      requests: Sequence[Sequence[str]]) -> list[ContainerResponse]:
-        md = pod.get("metadata") or {}
-        ns, name = md.get("namespace", "default"), md.get("name", "")
-        raw = _annotations(pod).get(keys.DEVICES_TO_ALLOCATE)
-        if raw is None:
-            raise AllocationError(f"failed to decode pod devices: pod {ns}/{name} has no "
-                                  f"{keys.DEVICES_TO_ALLOCATE} annotation")
+        # the kubelet admits one pod at a time; a body still running after its deadline holds this
+        # lock for at most one API timeout, and the wait is bounded by this RPC's own budget
+        if not self._serial.acquire(timeout=max(0.0, budget.wait_timeout())):
+            raise AllocationError(f"another Allocate on node {self.settings.node_name} is still finishing "
+                                  "(its API call outlived its deadline); nothing written, retry the pod")
         try:
-            containers = decode_pod_devices(raw)
+            return self._allocate_locked(plan, requests, budget)
+        finally:
+            self._serial.release()
+
+    def _allocate_locked(self, plan: ResourcePlan, requests: Sequence[Sequence[str]],
+                         budget: RpcBudget) -> list[ContainerResponse]:
+        try:
+            owner = self._owner(plan, budget)
+        except (BudgetExhausted, PodSourceError) as exc:
+            raise AllocationError(f"failed to get pending pod: {exc}") from exc
+        raw = annotations(owner.pod).get(keys.DEVICES_TO_ALLOCATE, "")
+        sent = False
+        try:
+            responses, changes, done = self._prepare(plan, owner, requests)
+
+            def write(timeout_s: float) -> None:
+                nonlocal sent
+                sent = True
+                # conditional on the uid and on exactly what the allocation was computed from: a late
+                # arrival after a failure record (bind-phase=failed) is refused by the API server
+                self.pods.patch_pod_if(owner.ref, {keys.DEVICES_TO_ALLOCATE: raw,
+                                                   keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING},
+                                       changes, timeout_s)
+
+            result = budget.commit(write, responses)
+        except BaseException as exc:
+            self._record_failure(owner, raw if sent and _may_have_landed(exc) else None, exc)
+            if isinstance(exc, AllocationError):
+                raise
+            if isinstance(exc, (BudgetExhausted, LateCommit, PodSourceError)):
+                raise AllocationError(f"pod {owner.ref}: {exc}") from exc
+            raise
+        self._committed(owner, changes, requests, done)
+        return result
+
+    def _prepare(self, plan: ResourcePlan, owner: LockOwner, requests: Sequence[Sequence[str]]
+                 ) -> tuple[list[ContainerResponse], dict[str, str], bool]:
+        """Everything but the write: checks, the responses, and the annotations to commit."""
+        pod, who, node = owner.pod, owner.ref, self.settings.node_name
+        ann = annotations(pod)
+        try:
+            containers = decode_pod_devices(ann.get(keys.DEVICES_TO_ALLOCATE, ""))
+            allocated = decode_pod_devices(ann.get(keys.DEVICES_ALLOCATED, ""))
         except ProtocolError as exc:
-            raise AllocationError(f"failed to decode pod devices: pod {ns}/{name}: {exc}") from exc
+            raise AllocationError(f"failed to decode pod devices: pod {who}: {exc}") from exc
+        if len(allocated) != len(containers):
+            raise AllocationError(f"pod {who}: {keys.DEVICES_TO_ALLOCATE} has {len(containers)} container "
+                                  f"entries but {keys.DEVICES_ALLOCATED} has {len(allocated)}; the scheduler "
+                                  "writes both alike: refusing")
+        check_capacity(pod, registered_devices(owner.node, node),
+                       held_by_others(self._viewed_pods(), node, who.uid), node)
         node_uuids = {d.physical_uuid for d in plan.devices}
+        reusable = self._handed_to(who.uid)
         responses = []
         for ids in requests:
             idx = next((i for i, c in enumerate(containers) if any(_is_nvidia(d) for d in c)), None)
             if idx is None:
-                raise AllocationError(f"device number not matched: pod {ns}/{name} has no container left in "
+                raise AllocationError(f"device number not matched: pod {who} has no container left in "
                                       f"{keys.DEVICES_TO_ALLOCATE}, kubelet asked for {len(ids)} device(s)")
             devreq = [d for d in containers[idx] if _is_nvidia(d)]
             containers[idx] = [d for d in containers[idx] if not _is_nvidia(d)]
             ctr = container_at(pod, idx)
             if len(devreq) != len(ids):
                 raise AllocationError(
-                    f"device number not matched: pod {ns}/{name} container {ctr.get('name')!r} has "
+                    f"device number not matched: pod {who} container {ctr.get('name')!r} has "
                     f"{len(devreq)} device(s) in {keys.DEVICES_TO_ALLOCATE}, kubelet asked for {len(ids)}")
+            if _shape(devreq) != _shape(allocated[idx]):
+                raise AllocationError(
+                    f"pod {who} container {ctr.get('name')!r}: {keys.DEVICES_TO_ALLOCATE} "
+                    f"({_shape(devreq)}) differs from the scheduler's {keys.DEVICES_ALLOCATED} "
+                    f"({_shape(allocated[idx])}); refusing an allocation the scheduler did not make")
             for d in devreq:
                 if d.uuid not in node_uuids:
                     raise AllocationError(
-                        f"pod {ns}/{name}: device {d.uuid} in {keys.DEVICES_TO_ALLOCATE} is not a "
-                        f"'{plan.resource_name}' device of node {self.settings.node_name}")
-            kubelet_uuids = sorted(physical_id(i) for i in ids)
-            if kubelet_uuids != sorted(d.uuid for d in devreq):
-                log.v(logger, 3, "kubelet chose %s for %s/%s but the scheduler annotated %s; using the "
-                      "scheduler's devices", list(ids), ns, name, [d.uuid for d in devreq])
+                        f"pod {who}: device {d.uuid} in {keys.DEVICES_TO_ALLOCATE} is not a "
+                        f"'{plan.resource_name}' device of node {node}")
+            self._check_kubelet_choice(who, ctr, ids, devreq, reusable)
             if self.settings.mode == MODE_MPS:
                 responses.append(self._mps_response(plan, devreq))
             else:
                 responses.append(self._hami_core_response(pod, ctr, devreq))
-        patch: dict[str, str | None] = {keys.DEVICES_TO_ALLOCATE: encode_pod_devices(containers)}
+        changes = {keys.DEVICES_TO_ALLOCATE: encode_pod_devices(containers)}
         done = not any(_is_nvidia(d) for c in containers for d in c)
         if done:
-            patch[keys.BIND_PHASE] = keys.BIND_PHASE_SUCCESS
-        self.pods.patch_pod_annotations(ns, name, patch)
-        self._remember(pod, patch)
-        if done:
-            try:
-                self.pods.release_node_lock(ns, name)
-            except PodSourceError as exc:
-                # the allocation itself succeeded; an unreleased lock expires after 5 minutes
-                logger.error("%s (pod %s/%s allocated; lock expires on its own)", exc, ns, name)
-            log.v(logger, 4, "pod %s/%s: all devices allocated, bind-phase=success", ns, name)
-        return responses
+            changes[keys.BIND_PHASE] = keys.BIND_PHASE_SUCCESS
+        return responses, changes, done
 
-    def _mark_failed(self, pod: dict, exc: Exception) -> None:
-        md = pod.get("metadata") or {}
-        ns, name = md.get("namespace", "default"), md.get("name", "")
-        logger.error("Allocate failed for pod %s/%s: %s", ns, name, exc)
-        patch: dict[str, str | None] = {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
-        try:
-            self.pods.patch_pod_annotations(ns, name, patch)
-            self._remember(pod, patch)
-        except PodSourceError as perr:
-            logger.error("%s (while marking pod %s/%s failed)", perr, ns, name)
-        try:
-            self.pods.release_node_lock(ns, name)
-        except PodSourceError as lerr:
-            logger.error("%s (while releasing node lock for %s/%s)", lerr, ns, name)
+    @staticmethod
+    def _check_kubelet_choice(who: object, ctr: dict, ids: Sequence[str], devreq: Sequence[ContainerDevice],
+                              reusable: frozenset[str]) -> None:
+        """The kubelet's device IDs must be replicas of the GPUs the scheduler allocated to this container.
+        Exception: IDs the kubelet already gave this same pod (it re-uses init containers' devices for
+        later containers without asking GetPreferredAllocation: ``devicesToReuse`` in kubelet
+        ``pkg/kubelet/cm/devicemanager/manager.go``); they cannot belong to another pod."""
+        wanted = collections.Counter(d.uuid for d in devreq)
+        fresh = collections.Counter(physical_id(i) for i in ids if i not in reusable)
+        if fresh - wanted:
+            raise AllocationError(
+                f"pod {who} container {ctr.get('name')!r}: the kubelet chose {sorted(ids)} (GPUs "
+                f"{sorted(fresh)}), but the scheduler allocated {sorted(wanted)} to it in "
+                f"{keys.DEVICES_TO_ALLOCATE}; refusing rather than handing out devices the kubelet did not "
+                "choose (GetPreferredAllocation had no hint for this pod, or a topology policy overrode it)")
+
+    def _committed(self, owner: LockOwner, changes: dict[str, str], requests: Sequence[Sequence[str]],
+                   done: bool) -> None:
+        """Bookkeeping after a committed success (runs before the next Allocate: same serial lock)."""
+        uid = owner.ref.uid
+        self._remember(uid, changes)
+        with self._memory_lock:
+            handed = set(self._handed.get(uid, frozenset()))
+            handed.update(i for ids in requests for i in ids)
+            _remember_bounded(self._handed, uid, frozenset(handed))
+        if done:
+            self._settle(uid, keys.BIND_PHASE_SUCCESS)
+            self._release_later(owner)
+            log.v(logger, 4, "pod %s: all devices allocated, bind-phase=success", owner.ref)
+
+    def _record_failure(self, owner: LockOwner, restore: str | None, exc: BaseException) -> None:
+        """After an error answer for the lock owner: ``bind-phase=failed`` (with ``to-allocate`` restored
+        when a success write may have landed) and the lock released, both off the RPC path."""
+        ref = owner.ref
+        logger.error("Allocate failed for pod %s: %s", ref, exc)
+        changes = {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
+        if restore is not None:
+            changes[keys.DEVICES_TO_ALLOCATE] = restore
+        self._remember(ref.uid, changes)
+        self._settle(ref.uid, keys.BIND_PHASE_FAILED)
+
+        def mark_failed(timeout_s: float) -> None:
+            try:
+                self.pods.patch_pod_if(ref, {}, changes, timeout_s)
+            except PodChanged as gone:  # deleted or re-created: nothing left to record
+                log.v(logger, 3, "pod %s changed before its failure was recorded: %s", ref, gone)
+
+        self.writer.submit(f"record {keys.BIND_PHASE}=failed on pod {ref}", mark_failed)
+        self._release_later(owner)
+
+    def _release_later(self, owner: LockOwner) -> None:
+        value = owner.lock_value
+
+        def release(timeout_s: float) -> None:
+            if self.pods.release_lock_if(value, timeout_s):
+                log.v(logger, 3, "node lock on %s released by %s", self.settings.node_name, owner.ref)
+            else:
+                log.v(logger, 4, "node lock %r of %s already gone", value, owner.ref)
+
+        self.writer.submit(f"release node lock of pod {owner.ref}", release)
 
     # ------------------------------------------------------------------------------ responses
     def _hami_core_response(self, pod: dict, ctr: dict, devreq: list[ContainerDevice]) -> ContainerResponse:

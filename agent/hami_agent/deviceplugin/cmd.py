@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rpc-deadline", type=float, default=None,
                    help="hard deadline (s) of every GetPreferredAllocation/Allocate answer (default 2)")
     p.add_argument("--api-timeout", type=float, default=None,
-                   help="timeout in seconds of API calls on the Allocate path (default 1)")
+                   help="cap in seconds of one API lookup on a kubelet RPC path (default 1); every call gets "
+                        "at most what is left of --rpc-deadline, the success write all of it")
     p.add_argument("--mode", choices=("hami-core", "mps"), default=None,
                    help="sharing mode of full GPUs (default: node config operatingmode, else hami-core)")
     p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default=None,
@@ -53,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between NVML inventory refreshes (default 10)")
     p.add_argument("--standalone", action="store_true",
                    help="run without the Kubernetes API (no node registration; hami-core Allocate then "
-                        "fails with 'no binding pod found'; MIG resources work)")
+                        "refuses with 'no binding pod found': no node lock names a pod; MIG resources work)")
     p.add_argument("--no-node-register", action="store_true",
                    help="do not run the hami.io/node-nvidia-register loop")
 

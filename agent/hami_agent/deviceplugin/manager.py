@@ -146,7 +146,10 @@ class DevicePluginManager:
         self.source_factory = source_factory
         self.metrics = metrics or PluginMetrics()
         self.allocator = Allocator(settings, pods)
-        self.runner = DeadlineRunner(settings.rpc_workers, settings.rpc_deadline_s)
+        self.runner = DeadlineRunner(settings.rpc_workers, settings.rpc_deadline_s,
+                                     reply_margin_s=settings.rpc_reply_margin_s,
+                                     commit_margin_s=settings.commit_margin_s,
+                                     api_timeout_s=settings.api_timeout_s)
         self.health = HealthTracker(settings.health_recovery_quiet_s)
         self.source: Any = None
         self.states: dict[str, DeviceState] = {}
@@ -471,3 +474,4 @@ class DevicePluginManager:
         self.registrars.clear()
         self._stop_source()
         self.runner.shutdown()
+        self.allocator.close()  # lets queued lock releases / failure records land (bounded)

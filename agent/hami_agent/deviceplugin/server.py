@@ -1,11 +1,13 @@
 """One gRPC server per kubelet resource, with deadline-bounded unary handlers.
 
 Why handlers run on a separate bounded pool: the kubelet calls GetPreferredAllocation/Allocate inside
-pod admission with no deadline and admits pods one at a time (reference/kubelet-nvidia.md §2), so a
-plugin RPC that never returns stalls every pod on the node (seed 003). Each unary body is submitted to
-``DeadlineRunner`` and the gRPC thread waits at most ``rpc_deadline_s``; past it the kubelet gets
-DEADLINE_EXCEEDED with a message naming what was pending, and the stuck body (if any) finishes or
-dies on its own time. ListAndWatch streams run on the gRPC server's own threads.
+pod admission with no deadline and admits pods one at a time (kubelet device manager,
+``pkg/kubelet/cm/devicemanager/manager.go``), so a plugin RPC that never returns stalls every pod on the
+node (seed 003). Each unary body is submitted to ``DeadlineRunner`` with an ``RpcBudget`` (the RPC's
+deadline, passed down to every API call) and the gRPC thread waits at most ``rpc_deadline_s``; past it
+the kubelet gets DEADLINE_EXCEEDED with a message naming what was pending. Before any error answer the
+runner marks the budget answered, so a body still running can no longer commit a success
+(``budget.py`` has the rule). ListAndWatch streams run on the gRPC server's own threads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hami_agent.deviceplugin.allocator import AllocationError, Allocator, Contai
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_agent.deviceplugin.api import pluginregistration_pb2 as reg_pb2
 from hami_agent.deviceplugin.api import pluginregistration_pb2_grpc as reg_pb2_grpc
+from hami_agent.deviceplugin.budget import RpcBudget
 from hami_agent.deviceplugin.devices import ResourcePlan
 from hami_agent.deviceplugin.metrics import PluginMetrics
 from hami_agent.deviceplugin.settings import API_VERSION, HEALTHY, UNHEALTHY, PluginSettings
@@ -41,21 +44,42 @@ class DeadlineExceeded(RuntimeError):
 
 
 class DeadlineRunner:
-    """Runs RPC bodies on a bounded pool; callers wait at most ``deadline_s``."""
+    """Runs RPC bodies on a bounded pool, each with its own ``RpcBudget``; callers wait at most
+    ``deadline_s``. The body is ``fn(budget)``; its success must go through ``budget.commit`` when it
+    writes anything (Allocate), or simply be returned (read-only bodies)."""
 
-    def __init__(self, workers: int, deadline_s: float) -> None:
+    def __init__(self, workers: int, deadline_s: float, *, reply_margin_s: float = 0.1,
+                 commit_margin_s: float = 0.25, api_timeout_s: float | None = None) -> None:
         self.deadline_s = deadline_s
+        self.reply_margin_s = reply_margin_s
+        self.commit_margin_s = commit_margin_s
+        self.api_timeout_s = api_timeout_s
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc-body")
 
-    def run(self, fn: Callable[[], T], what: str) -> T:
-        fut = self._pool.submit(fn)
+    def budget(self, what: str) -> RpcBudget:
+        return RpcBudget(what, self.deadline_s, reply_margin_s=self.reply_margin_s,
+                         commit_margin_s=self.commit_margin_s, api_timeout_s=self.api_timeout_s)
+
+    def run(self, fn: Callable[[RpcBudget], T], what: str) -> T:
+        budget: RpcBudget[T] = self.budget(what)
+        fut = self._pool.submit(fn, budget)
         try:
-            return fut.result(timeout=self.deadline_s)
+            return fut.result(timeout=max(0.0, budget.remaining()))
         except cf.TimeoutError:
+            committed, result = budget.answer_error()
+            if committed:  # the success write won the race: it is the truth, answer it
+                log.v(logger, 3, "%s committed at its deadline; answering the committed success", what)
+                return result  # type: ignore[return-value]
             fut.cancel()  # no effect once running; a queued body is dropped
             raise DeadlineExceeded(f"{what} did not finish within the {self.deadline_s:g}s deadline; failing "
                                    "fast instead of blocking the kubelet (see hami-agent device-plugin logs)"
                                    ) from None
+        except BaseException:
+            committed, result = budget.answer_error()
+            if committed:  # only a bug after the commit can get here; the success was written
+                logger.exception("%s raised after its success was committed; answering the success", what)
+                return result  # type: ignore[return-value]
+            raise
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -129,7 +153,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def resource(self) -> str:
         return self.state.current()[0].resource_name
 
-    def _timed(self, method: str, context: grpc.ServicerContext, body: Callable[[], T]) -> T:
+    def _timed(self, method: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T]) -> T:
         start = time.perf_counter()
         code = "OK"
         try:
@@ -184,9 +208,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         reqs = [PreferredRequest(tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs),
                                  r.allocation_size) for r in request.container_requests]
 
-        def body():
+        def body(budget: RpcBudget):
             plan = self.state.current()[0]
-            chosen = self.allocator.preferred(plan, reqs)
+            chosen = self.allocator.preferred(plan, reqs, budget)
             log.v(logger, 4, "GetPreferredAllocation '%s': %s", plan.resource_name, chosen)
             return api_pb2.PreferredAllocationResponse(container_responses=[
                 api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in chosen])
@@ -196,20 +220,22 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def Allocate(self, request, context):  # noqa: N802
         reqs = [list(r.devices_ids) for r in request.container_requests]
 
-        def body():
+        def body(budget: RpcBudget):
             plan = self.state.current()[0]
             try:
-                responses = self.allocator.allocate(plan, reqs)
+                # the allocator commits its success write through the budget and returns what the
+                # commit stored: building the gRPC answer below cannot fail after the write
+                responses = self.allocator.allocate(plan, reqs, budget)
             except AllocationError:
                 self.metrics.allocations.labels(plan.resource_name, "failed").inc()
                 raise
             self.metrics.allocations.labels(plan.resource_name, "success").inc()
             log.v(logger, 4, "Allocate '%s' %s -> %s", plan.resource_name, reqs,
                   [r.envs.get("NVIDIA_VISIBLE_DEVICES") for r in responses])
-            return api_pb2.AllocateResponse(
-                container_responses=[to_pb_container_response(r) for r in responses])
+            return responses
 
-        return self._timed("Allocate", context, body)
+        responses = self._timed("Allocate", context, body)
+        return api_pb2.AllocateResponse(container_responses=[to_pb_container_response(r) for r in responses])
 
     def PreStartContainer(self, request, context):  # noqa: N802
         return api_pb2.PreStartContainerResponse()

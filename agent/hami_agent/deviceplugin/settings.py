@@ -49,7 +49,10 @@ class PluginSettings:
     mps_control_bin: str = "nvidia-cuda-mps-control"
     # timing
     rpc_deadline_s: float = 2.0
-    api_timeout_s: float = 1.0
+    api_timeout_s: float = 1.0  # cap of one lookup on an RPC path (the remaining budget may be less)
+    late_write_timeout_s: float = 5.0  # per attempt of a background write (lock release, failure record)
+    rpc_reply_margin_s: float = 0.1  # kept free at the end of an RPC's budget to send the answer
+    commit_margin_s: float = 0.25  # least budget left to start Allocate's success write
     register_dial_timeout_s: float = 5.0
     poll_interval_s: float = 0.25
     health_recovery_quiet_s: float = 30.0
@@ -89,6 +92,10 @@ class PluginSettings:
                                 "(replica IDs are <UUID>-<i> and must stay within 63 characters)")
         if self.rpc_deadline_s <= 0 or self.api_timeout_s <= 0:
             raise SettingsError("--rpc-deadline and --api-timeout must be positive")
+        if not 0 < self.rpc_reply_margin_s < self.commit_margin_s < self.rpc_deadline_s:
+            raise SettingsError(f"--rpc-deadline ({self.rpc_deadline_s}s) must be longer than the "
+                                f"{self.commit_margin_s}s an Allocate needs left to start its success write "
+                                f"(and that longer than the {self.rpc_reply_margin_s}s kept to answer)")
         if self.api_timeout_s >= self.rpc_deadline_s:
             raise SettingsError(f"--api-timeout ({self.api_timeout_s}s) must be shorter than --rpc-deadline "
                                 f"({self.rpc_deadline_s}s), or API calls could outlive the RPC")

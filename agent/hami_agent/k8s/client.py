@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path, not a secret)
 
 
@@ -289,14 +290,16 @@ class KubeClient:
         return self.call("PUT", api_path(kind, ns, meta["name"]), verb="update", kind=info.singular,
                          name=_display(ns, meta["name"], info), body=obj, timeout_s=timeout_s)
 
-    def patch(self, kind: str, name: str, patch: Obj, namespace: str | None = None, *,
-              subresource: str | None = None, timeout_s: float | None = None) -> Obj:
+    def patch(self, kind: str, name: str, patch: Obj | list[Obj], namespace: str | None = None, *,
+              subresource: str | None = None, timeout_s: float | None = None,
+              content_type: str = MERGE_PATCH) -> Obj:
         """JSON merge-patch (RFC 7386): ``None`` deletes a key; a ``metadata.resourceVersion`` in the
-        patch makes it conditional (409 ``ConflictError`` when stale)."""
+        patch makes it conditional (409 ``ConflictError`` when stale). With ``content_type=JSON_PATCH``
+        ``patch`` is an RFC 6902 operation list; a failed ``test`` operation is a 422 and applies nothing."""
         info = kind_info(kind)
         return self.call("PATCH", api_path(kind, namespace, name, subresource), verb="patch",
                          kind=info.singular, name=_display(namespace, name, info), body=patch,
-                         content_type=MERGE_PATCH, timeout_s=timeout_s)
+                         content_type=content_type, timeout_s=timeout_s)
 
     def delete(self, kind: str, name: str, namespace: str | None = None,
                resource_version: str | None = None, timeout_s: float | None = None) -> Obj:
@@ -534,5 +537,5 @@ def _guess_kind(obj: Obj) -> str:
     return "Pod"
 
 
-__all__ = ["KINDS", "MERGE_PATCH", "ExpiredError", "KubeClient", "RetryPolicy", "WatchStream", "api_path",
-           "kind_info", "now_micro", "now_rfc3339"]
+__all__ = ["JSON_PATCH", "KINDS", "MERGE_PATCH", "ExpiredError", "KubeClient", "RetryPolicy", "WatchStream",
+           "api_path", "kind_info", "now_micro", "now_rfc3339"]

@@ -15,10 +15,20 @@ import pytest
 
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_agent.deviceplugin.podsource import MemoryPodSource
+from hami_agent.protocol import keys
 from tests.gpusim import gpusim_state as gs
 from tests.integration.deviceplugin.conftest import NODE
 from tests.sim.kubelet import SimulatedKubelet
-from tests.unit.deviceplugin.fakes import FakeSnapshot, FakeSource, ctr, full_gpus, gpu_uuid, hami_pod
+from tests.unit.deviceplugin.fakes import (
+    FakeSnapshot,
+    FakeSource,
+    ctr,
+    full_gpus,
+    gpu_uuid,
+    hami_pod,
+    lock_value,
+    node_register,
+)
 
 pytestmark = pytest.mark.integration
 GPU = "nvidia.com/gpu"
@@ -31,9 +41,9 @@ class HangingWrites(MemoryPodSource):
         super().__init__(node)
         self.release = threading.Event()
 
-    def patch_pod_annotations(self, namespace, name, annotations):
-        self.release.wait(30)
-        super().patch_pod_annotations(namespace, name, annotations)
+    def patch_pod_if(self, ref, expect, changes, timeout_s):
+        self.release.wait(30)  # ignores the client timeout, like a connection nobody answers
+        super().patch_pod_if(ref, expect, changes, timeout_s)
 
 
 @pytest.mark.timeout(30)
@@ -48,6 +58,8 @@ def test_allocate_past_the_deadline_fails_fast_and_other_rpcs_keep_answering(sta
     )
     assert kubelet.wait_registered(GPU, 5, min_devices=4)
     pods.add_pod(hami_pod("p", NODE, [ctr("c", 1)], f"{gpu_uuid(0)},NVIDIA,1,1:;"))
+    pods.node_annotations.update({keys.NODE_REGISTER: node_register(2, count=2),
+                                  keys.NODE_LOCK: lock_value("p")})
     with grpc.insecure_channel(f"unix://{sock_dir}/nvidia-gpu.sock") as ch:
         stub = api_pb2_grpc.DevicePluginStub(ch)
         t0 = time.monotonic()
@@ -77,6 +89,12 @@ def test_allocate_past_the_deadline_fails_fast_and_other_rpcs_keep_answering(sta
         assert list(resp.container_responses[0].deviceIDs) == [f"{gpu_uuid(1)}-0"]
         assert time.monotonic() - t0 < 0.5
     pods.release.set()
+    # the write landed after the kubelet's error: the background writer records the truth
+    end = time.monotonic() + 10
+    ann = pods.pods[("default", "p")]["metadata"]["annotations"]
+    while time.monotonic() < end and ann.get(keys.BIND_PHASE) != "failed":
+        time.sleep(0.05)
+    assert ann[keys.BIND_PHASE] == "failed" and ann[keys.DEVICES_TO_ALLOCATE] == f"{gpu_uuid(0)},NVIDIA,1,1:;"
 
 
 class BlockingPlugin(api_pb2_grpc.DevicePluginServicer):
@@ -151,6 +169,7 @@ def test_seed_003_hung_nvml_100_pods_in_a_row_none_blocks_then_recovery(gpusim_f
     full = [g["uuid"] for g in state["gpus"] if not g["mig"]["current"]]
     k = SimulatedKubelet(sock_dir, verbosity=4).start()
     pods = MemoryPodSource(NODE)
+    pods.node_annotations[keys.NODE_REGISTER] = node_register(full, count=4)
 
     def source():
         return NvmlSupervisor(
@@ -201,12 +220,15 @@ def test_seed_003_hung_nvml_100_pods_in_a_row_none_blocks_then_recovery(gpusim_f
                 uuid = full[(i // 2) % len(full)]
                 pod = hami_pod(f"gpu-{i}", NODE, [ctr("c", 1)], f"{uuid},NVIDIA,1000,10:;", bind_time=i)
                 pods.add_pod(pod)
+                pods.node_annotations[keys.NODE_LOCK] = lock_value(f"gpu-{i}")
             res = k.admit(pod, timeout=5.0)
             assert res is not None, f"pod {i} blocked in admission: {k.current_pod}"
             durations.append(res.duration_s)
             kind = "plain" if i % 2 else ("gpu-before" if i < 50 else "gpu-after")
             outcomes[kind].append("admitted" if res.admitted else res.message)
-            k.release(res.uid)
+            k.release(res.uid)  # the pod is done with its devices: ...
+            # ... and its phase says so (tests/sim/kubelet.py writes no pod status; a kubelet does)
+            pod["status"] = {"phase": "Succeeded" if res.admitted else "Failed"}
         durations.sort()
         p50, worst = durations[50] * 1000, durations[-1] * 1000
         before = outcomes["gpu-before"]
@@ -226,8 +248,10 @@ def test_seed_003_hung_nvml_100_pods_in_a_row_none_blocks_then_recovery(gpusim_f
         # GPU pods are now refused quickly instead of hanging the node
         pod = hami_pod("late", NODE, [ctr("c", 1)], f"{full[0]},NVIDIA,1000,10:;", bind_time=1000)
         pods.add_pod(pod)
+        pods.node_annotations[keys.NODE_LOCK] = lock_value("late")
         res = k.admit(pod, timeout=5.0)
         assert res is not None and not res.admitted and "no healthy devices" in res.message
+        pod["status"] = {"phase": "Failed"}  # rejected by the kubelet
 
         # the fix: driver 570.172.08 -> NVML answers again -> devices Healthy after the quiet period
         node.set_driver(gs.FIXED_DRIVER)
@@ -237,6 +261,7 @@ def test_seed_003_hung_nvml_100_pods_in_a_row_none_blocks_then_recovery(gpusim_f
         )
         pod = hami_pod("after", NODE, [ctr("c", 1)], f"{full[1]},NVIDIA,1000,10:;", bind_time=2000)
         pods.add_pod(pod)
+        pods.node_annotations[keys.NODE_LOCK] = lock_value("after")
         res = k.admit(pod, timeout=5.0)
         assert res is not None and res.admitted, res
     finally:

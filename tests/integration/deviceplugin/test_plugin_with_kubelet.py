@@ -20,6 +20,8 @@ from tests.unit.deviceplugin.fakes import (
     gpu_uuid,
     h20_mig_mixed,
     hami_pod,
+    lock_value,
+    node_register,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -74,9 +76,11 @@ def test_admission_single_multi_gpu_and_init_container_pods(kubelet, start_plugi
             bind_time=3,
         ),
     ]
+    r.pods.node_annotations[keys.NODE_REGISTER] = node_register(4, count=4)
     results = {}
     for pod in pods:
         r.pods.add_pod(pod)
+        r.pods.node_annotations[keys.NODE_LOCK] = lock_value(pod["metadata"]["name"])  # the scheduler's /bind
         res = kubelet.admit(pod, timeout=10)
         assert res is not None and res.admitted, res
         results[pod["metadata"]["name"]] = res
@@ -88,6 +92,8 @@ def test_admission_single_multi_gpu_and_init_container_pods(kubelet, start_plugi
     assert multi["envs"]["NVIDIA_VISIBLE_DEVICES"] == f"{u0},{u1}"
     assert {d.rsplit("-", 1)[0] for d in multi["devices"]} == {u0, u1}
     wi = results["withinit"].allocations
+    # the kubelet re-used the init container's replica for the app container; it is the same pod's
+    assert wi["app"][GPU]["devices"] == wi["init"][GPU]["devices"]
     assert wi["init"][GPU]["envs"]["NVIDIA_VISIBLE_DEVICES"] == u1
     assert wi["app"][GPU]["envs"]["NVIDIA_VISIBLE_DEVICES"] == u0
     assert wi["app"][GPU]["envs"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "7000m"
@@ -101,15 +107,19 @@ def test_admission_single_multi_gpu_and_init_container_pods(kubelet, start_plugi
 def test_allocate_errors_reach_the_kubelet_as_unexpected_admission_errors(kubelet, start_plugin):
     r = start_plugin(FakeSource(FakeSnapshot(gpus=full_gpus(2))), device_split_count=2)
     assert kubelet.wait_registered(GPU, 5, min_devices=4)
+    r.pods.node_annotations[keys.NODE_REGISTER] = node_register(2, count=2)
     nopod = hami_pod("ghost", NODE, [ctr("c", 1)], "")
     res = kubelet.admit(nopod, timeout=10)
     assert not res.admitted and res.reason == "UnexpectedAdmissionError"
-    assert f"code = Unknown desc = no binding pod found on node {NODE}" in res.message
+    assert f"code = Unknown desc = no binding pod found on node {NODE}: no node lock" in res.message
     mismatch = hami_pod("mm", NODE, [ctr("c", 2)], f"{gpu_uuid(0)},NVIDIA,1,1:;")
     r.pods.add_pod(mismatch)
+    r.pods.node_annotations[keys.NODE_LOCK] = lock_value("mm")
     res = kubelet.admit(mismatch, timeout=10)
     assert not res.admitted and "device number not matched" in res.message
+    assert r.manager.allocator.writer.wait_idle(5)
     assert r.pods.pods[("default", "mm")]["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
+    assert keys.NODE_LOCK not in r.pods.node_annotations
 
 
 def test_kubelet_restart_50_times_reregisters_every_time_within_2s(kubelet, start_plugin):

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hami_agent.protocol import keys
+from hami_agent.protocol.devices import NodeDevice, encode_node_devices
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,18 @@ def ctr(
     if env:
         c["env"] = [{"name": k, "value": v} for k, v in env.items()]
     return c
+
+
+def node_register(n: int | list[str], count: int = 10, devmem: int = 97871, devcore: int = 100) -> str:
+    """``hami.io/node-nvidia-register`` for GPUs ``gpu_uuid(0..n-1)`` (or the given UUIDs), as the
+    plugin's registration loop writes it (the capacity Allocate checks against)."""
+    uuids = n if isinstance(n, list) else [gpu_uuid(i) for i in range(n)]
+    return encode_node_devices([
+        NodeDevice(id=u, index=i, count=count, devmem=devmem, devcore=devcore, type="NVIDIA-H20",
+                   numa=0, mode=keys.MODE_HAMI_CORE, health=True)
+        for i, u in enumerate(uuids)])
+
+
+def lock_value(name: str, ns: str = "default", when: str = "2026-11-21T12:00:00Z") -> str:
+    """``hami.io/mutex.lock`` naming ``ns/name``, as the scheduler's /bind writes it."""
+    return f"{when},{ns},{name}"

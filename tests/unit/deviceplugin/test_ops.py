@@ -54,8 +54,8 @@ def test_deadline_runner_returns_in_time_even_when_the_body_hangs():
     release = threading.Event()
     t0 = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="Allocate for 'x' did not finish within the 0.2s deadline"):
-        runner.run(lambda: release.wait(10), "Allocate for 'x'")
+        runner.run(lambda _budget: release.wait(10), "Allocate for 'x'")
     assert time.monotonic() - t0 < 1.0
-    assert runner.run(lambda: 42, "quick") == 42  # the other worker still serves
+    assert runner.run(lambda _budget: 42, "quick") == 42  # the other worker still serves
     release.set()
     runner.shutdown()
