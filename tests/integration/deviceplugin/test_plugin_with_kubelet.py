@@ -245,6 +245,8 @@ def test_init_container_devices_reused_by_a_bigger_app_container(kubelet, start_
     u0, u1, u2 = gpu_uuid(0), gpu_uuid(1), gpu_uuid(2)
     annotated = f"{u1},NVIDIA,500,10:;{u0},NVIDIA,1000,20:{u2},NVIDIA,1000,20:;"
     pod = hami_pod("reuse", NODE, [ctr("app", 2)], annotated, init=[ctr("init", 1)], bind_time=4)
+    r.pods.node_annotations[keys.NODE_REGISTER] = node_register(4, count=4)
+    r.pods.node_annotations[keys.NODE_LOCK] = lock_value("reuse")  # the scheduler's /bind
     r.pods.add_pod(pod)
     res = kubelet.admit(pod, timeout=10)
     assert res is not None and res.admitted, res

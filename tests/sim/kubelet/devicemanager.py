@@ -312,7 +312,7 @@ class DeviceManager:
                 if info is None:
                     self.allocated = self.pod_devices.devices()
                     raise AllocationError(f"unknown Device Plugin {resource}")
-            devs = list(chosen)
+            devs = sorted(chosen)
             self.rng.shuffle(devs)  # sets.UnsortedList()
             self.log.log(
                 3,
@@ -414,7 +414,7 @@ class DeviceManager:
             def allocate_remaining_from(candidates: set[str]) -> bool:
                 nonlocal needed
                 in_use = self.allocated.setdefault(resource, set())
-                order = list(candidates - picked)
+                order = sorted(candidates - picked)  # sorted first: the seed alone decides the order
                 self.rng.shuffle(order)
                 for dev in order:
                     in_use.add(dev)
@@ -459,7 +459,7 @@ class DeviceManager:
                 containerName=container,
             )
             return set()
-        avail = list(available)
+        avail = sorted(available)
         self.rng.shuffle(avail)
         error: str | None = None
         self.cond.release()
