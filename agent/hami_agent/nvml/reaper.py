@@ -118,6 +118,8 @@ class WorkerReaper:
         if worker.proc is None:
             return
         with self._lock:
+            if any(a.worker is worker for a in self._items):
+                return  # already abandoned (a stop racing the supervisor's own shutdown)
             self._items.append(Abandoned(worker, call, time.monotonic()))
             alive = len(self._items)
         if kill:
