@@ -87,15 +87,60 @@ def read_proc_info(pid: int, proc_root: str = "/proc") -> ProcInfo:
     return ProcInfo(pid, state, wchan, pending)
 
 
-@dataclass
-class Abandoned:
-    worker: WorkerProcess
-    call: str  # the NVML call it was stuck in
-    since: float  # time.monotonic() of the kill
+@dataclass(frozen=True)
+class WorkerProc:
+    """An NVML worker process found in /proc (any agent's)."""
 
-    @property
-    def pid(self) -> int:
-        return self.worker.pid or 0
+    info: ProcInfo
+    ppid: int | None
+
+
+WORKER_MARK = b"hami_agent.nvml.worker"
+
+
+def find_workers(proc_root: str = "/proc") -> list[WorkerProc]:
+    """Every ``python -m hami_agent.nvml.worker`` process visible under ``proc_root``, by pid."""
+    out: list[WorkerProc] = []
+    try:
+        entries = sorted((n for n in os.listdir(proc_root) if n.isdigit()), key=int)
+    except OSError:
+        return out
+    for name in entries:
+        base = os.path.join(proc_root, name)
+        try:
+            with open(os.path.join(base, "cmdline"), "rb") as fh:
+                if WORKER_MARK not in fh.read(4096):
+                    continue
+            with open(os.path.join(base, "stat"), encoding="ascii", errors="replace") as fh:
+                ppid: int | None = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        out.append(WorkerProc(read_proc_info(int(name), proc_root), ppid))
+    return out
+
+
+def _start_time(pid: int, proc_root: str) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks): a PID reused by another process differs."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(")") + 2:].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass(eq=False)  # identity: two records are never "the same" abandoned worker
+class Abandoned:
+    pid: int
+    call: str  # the NVML call it was stuck in
+    since: float  # time.monotonic() of the kill (or of adoption)
+    worker: WorkerProcess | None = None  # None: left behind by an earlier agent process (not our child)
+    start_time: str | None = None  # for adopted ones: notices the PID being reused
+
+    def exited(self, proc_root: str) -> bool:
+        if self.worker is not None:
+            return self.worker.reaped()  # waitpid(WNOHANG)
+        return _start_time(self.pid, proc_root) != self.start_time  # gone (None), or someone else now
 
 
 class WorkerReaper:
@@ -120,7 +165,7 @@ class WorkerReaper:
         with self._lock:
             if any(a.worker is worker for a in self._items):
                 return  # already abandoned (a stop racing the supervisor's own shutdown)
-            self._items.append(Abandoned(worker, call, time.monotonic()))
+            self._items.append(Abandoned(worker.pid or 0, call, time.monotonic(), worker))
             alive = len(self._items)
         if kill:
             self.terminate(worker)
@@ -131,14 +176,32 @@ class WorkerReaper:
         """Forget workers that exited (``waitpid(WNOHANG)``); the number still alive."""
         with self._lock:
             items = list(self._items)
-        gone = [a for a in items if a.worker.reaped()]
+        gone = [a for a in items if a.exited(self.proc_root)]
         with self._lock:
-            self._items = [a for a in self._items if a not in gone]
+            self._items = [a for a in self._items if not any(a is g for g in gone)]
             alive = len(self._items)
         for a in gone:
             logger.info("abandoned NVML worker pid %d (stuck in %s) exited after %.1fs", a.pid, a.call,
                         time.monotonic() - a.since)
         return alive
+
+    def adopt_orphans(self) -> int:
+        """Count NVML workers an earlier agent process left stuck in the driver (killed, SIGKILL pending,
+        reparented to init): after a restart of the agent they still hold the driver, so they count
+        against the limit here too. Polled through /proc (they are not our children). Returns how many."""
+        found = [Abandoned(w.info.pid, "an earlier agent process's call", time.monotonic(), None,
+                           _start_time(w.info.pid, self.proc_root))
+                 for w in find_workers(self.proc_root)
+                 if w.ppid == 1 and w.info.sigkill_pending and w.info.state not in (None, "Z", "X")]
+        with self._lock:
+            known = {a.pid for a in self._items}
+            new = [a for a in found if a.pid not in known]
+            self._items.extend(new)
+        for a in new:
+            logger.warning("NVML worker pid %d was left stuck in the driver by an earlier agent process "
+                           "(%s); it counts against the limit of %d abandoned workers",
+                           a.pid, read_proc_info(a.pid, self.proc_root).describe(), self.limit)
+        return len(new)
 
     def can_spawn(self) -> bool:
         return self.reap() < self.limit
@@ -197,9 +260,10 @@ _default_lock = threading.Lock()
 def default_reaper() -> WorkerReaper:
     """This process's reaper. Process-wide on purpose: the bound is on processes this agent leaves
     behind, whoever started them (a supervisor, its successor after a MIG pause, the monitor's client,
-    a one-shot CLI probe)."""
+    a one-shot CLI probe). Created with the stuck workers an earlier agent process left behind."""
     global _default
     with _default_lock:
         if _default is None:
             _default = WorkerReaper()
+            _default.adopt_orphans()
         return _default

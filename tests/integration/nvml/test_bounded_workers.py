@@ -102,7 +102,8 @@ def unkillable() -> Iterator[WorkerReaper]:
     reaper = WorkerReaper(limit=K, terminate=lambda w: None)
     yield reaper
     for a in reaper.abandoned():
-        a.worker.kill()
+        if a.worker is not None:
+            a.worker.kill()
 
 
 @pytest.fixture

@@ -10,45 +10,15 @@ limit of such processes is alive (``nvml-stuck-unkillable``); this collector nam
 
 from __future__ import annotations
 
-import os
-
 from hami_agent.doctor.collect.base import Context
 from hami_agent.doctor.model import Facts
-from hami_agent.nvml.reaper import read_proc_info
-
-WORKER_MARK = b"hami_agent.nvml.worker"
-MAX_PROCESSES = 100_000  # /proc entries looked at, at most
+from hami_agent.nvml.reaper import find_workers
 
 
 def find_nvml_workers(proc_root: str) -> list[dict[str, object]]:
     """Every NVML worker process visible under ``proc_root``: pid, parent, state, wchan, SIGKILL pending."""
-    out: list[dict[str, object]] = []
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return out
-    for name in sorted(entries[:MAX_PROCESSES], key=lambda n: (len(n), n)):
-        if not name.isdigit():
-            continue
-        base = os.path.join(proc_root, name)
-        try:
-            with open(os.path.join(base, "cmdline"), "rb") as fh:
-                cmdline = fh.read(4096)
-        except OSError:
-            continue  # gone, or not ours to read
-        if WORKER_MARK not in cmdline:
-            continue
-        info = read_proc_info(int(name), proc_root)
-        ppid = None
-        try:
-            with open(os.path.join(base, "stat"), encoding="ascii", errors="replace") as fh:
-                stat = fh.read()
-            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            pass
-        out.append({"pid": info.pid, "ppid": ppid, "state": info.state, "wchan": info.wchan,
-                    "sigkill_pending": bool(info.sigkill_pending)})
-    return out
+    return [{"pid": w.info.pid, "ppid": w.ppid, "state": w.info.state, "wchan": w.info.wchan,
+             "sigkill_pending": bool(w.info.sigkill_pending)} for w in find_workers(proc_root)]
 
 
 def unkillable(workers: list[dict[str, object]]) -> list[dict[str, object]]:
