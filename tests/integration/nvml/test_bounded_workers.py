@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
+from hami_agent.deviceplugin.devices import plan_resources
+from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.doctor.collect.base import Context
 from hami_agent.doctor.diagnose import diagnose_node
 from hami_agent.nvml import (
@@ -151,6 +153,11 @@ def test_unkillable_hang_bounds_the_workers_and_resumes(gpusim_node: GpusimNode,
             assert info.state not in (None, "Z", "X"), info
         assert all(not g.healthy and g.unhealthy_reason == "nvml-stuck-unkillable" for g in snap.gpus)
         assert [g.uuid for g in snap.gpus] == [g.uuid for g in ok.gpus]
+        # what the device plugin advertises to the kubelet from this snapshot: every device Unhealthy,
+        # with the reason
+        plan = plan_resources(snap, PluginSettings(mig_strategy="mixed"))
+        devices = [d for p in plan.values() for d in p.devices]
+        assert devices and all(not d.healthy and "nvml-stuck-unkillable" in (d.reason or "") for d in devices)
         assert registry.get_sample_value("hami_nvml_stuck_unkillable") == 1
         assert registry.get_sample_value("hami_nvml_abandoned_workers") == K
         assert len(worker_pids()) == K  # no new worker while blocked
