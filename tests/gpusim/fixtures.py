@@ -82,7 +82,8 @@ class GpusimNode:
         self.update(lambda s: s.setdefault("faults", {}).update(faults))
 
     def clear_faults(self) -> None:
-        self.set_fault(init_hang=False, hang_after_calls=None, hang_functions=[], unsupported_functions=[])
+        self.set_fault(init_hang=False, hang_after_calls=None, hang_functions=[], unsupported_functions=[],
+                       hang_file=None)
 
     def add_xid(self, gpu: int, xid: int, gi_id: int | None = None) -> int:
         seq: list[int] = []

@@ -52,6 +52,18 @@ _DOCS: dict[str, CodeDoc] = {
         "is not on the known-bad list, so the cause is something else: XID errors, a wedged GPU, a driver "
         "lock held by a dead process.",
         "003 §3.3"),
+    "NVML_WORKER_UNKILLABLE": CodeDoc(
+        "NVML workers killed but stuck in the driver (D state)",
+        "GPUs turn Unhealthy with reason `nvml-stuck-unkillable`; the agent logs `nvml-stuck-unkillable: N "
+        "NVML worker process(es) were killed and have not exited`; `ps` shows `hami_agent.nvml.worker` "
+        "processes in state D that `kill -9` does not remove; `nvidia-smi` hangs.",
+        "hami-agent calls NVML only in child processes and SIGKILLs one whose call misses its deadline. A "
+        "thread stuck inside the driver sleeps uninterruptibly, so the kill stays pending and the process "
+        "keeps its /dev/nvidia* handles and memory until the driver returns. To keep that footprint bounded "
+        "the agent allows at most HAMI_NVML_MAX_ABANDONED_WORKERS (default 2) such processes and starts no "
+        "new NVML worker while they are alive; it resumes by itself when one exits. Nothing in user space "
+        "can end them: the driver must return (rarely) or the node must reboot.",
+        "003 §3.3"),
     "KNOWN_BAD_DRIVER_WITH_MIG": CodeDoc(
         "known-bad driver on a node that mixes MIG and full GPUs",
         "Nothing yet, or occasional Pending pods: the seed-003 hang is intermittent (\"偶现\").",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hami_agent.doctor import predicates
-from hami_agent.doctor.collect import endpoints, host, kube, logs
+from hami_agent.doctor.collect import endpoints, host, kube, logs, nvmlworkers
 from hami_agent.doctor.collect.base import Collector, Context, run_collector
 from hami_agent.doctor.engine import Tree, evaluate, rank
 from hami_agent.doctor.model import WARNING, Facts, Report, Verdict
@@ -28,17 +28,18 @@ def local_collectors(ctx: Context, local: bool) -> list[tuple[str, Collector, fl
     """Node-local evidence: on the node itself (``local``) or from files given on the command line."""
     out: list[tuple[str, Collector, float | None]] = []
     if ctx.kubelet_log:
-        out.append(("kubelet_log_file", logs.collect_kubelet_log, None))
+        out.append(("kubelet_log_file", logs.collect_kubelet_log, logs.log_timeout(ctx, ctx.kubelet_log)))
     elif local and ctx.use_journal:
         out.append(("kubelet_journal", logs.collect_kubelet_log, ctx.journal_timeout_s + 10))
     if ctx.plugin_log:
-        out.append(("plugin_log", logs.collect_plugin_log, None))
+        out.append(("plugin_log", logs.collect_plugin_log, logs.log_timeout(ctx, ctx.plugin_log)))
     if ctx.hami_core_log:
-        out.append(("hami_core_log", logs.collect_hami_core_log, None))
+        out.append(("hami_core_log", logs.collect_hami_core_log, logs.log_timeout(ctx, ctx.hami_core_log)))
     if ctx.plugin_url:
         out.append(("plugin_endpoint", endpoints.collect_plugin_endpoint, ctx.http_timeout_s * 2 + 5))
     if local:
         out.append(("driver_files", host.collect_driver_files, None))
+        out.append(("nvml_workers", nvmlworkers.collect_nvml_workers, None))
         if ctx.nvml:
             out.append(("nvml", host.collect_nvml, ctx.nvml_timeout_s + 10))
         out.append(("mps", host.collect_mps, None))
@@ -74,10 +75,14 @@ def unknown_verdict(symptoms: list[str], failed: list[str], facts: Facts) -> Ver
     for key in ("events.count", "pod.scheduled_condition", "node.register.present", "node.handshake.kind",
                 "kubelet.outstanding"):
         lines.extend(facts.lines(key))
+    if symptoms:
+        summary = ("something is wrong but no decision tree matches the evidence"
+                   + (" (some evidence could not be collected)" if failed else ""))
+    else:  # nothing is known to be wrong, and nothing is known to be right: say what could not be read
+        summary = "no verdict: required evidence could not be read (" + "; ".join(failed) + ")"
     return Verdict(
         code=UNKNOWN, severity=WARNING,
-        summary="something is wrong but no decision tree matches the evidence"
-                + (" (some evidence could not be collected)" if failed else ""),
+        summary=summary,
         evidence=list(dict.fromkeys(lines)),
         fix="collect everything for a human: ansible-playbook playbooks/collect_diagnostics.yml -l "
             f"{facts.get('target.node', '<node>')}; re-run with --kubelet-log/--plugin-log/--scheduler-url "

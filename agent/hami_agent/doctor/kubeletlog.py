@@ -13,11 +13,16 @@ followed by its allocation request while the same kubelet keeps logging for ``st
 (log time) is the seed-003 stall: the plugin's GetPreferredAllocation never returned and every later pod
 on the node waits behind it. Lines are accepted bare (klog) or with a journald prefix
 (``Jul 30 20:39:03 host kubelet[45878]: I0730 ...``); the year is not in either, so it is assumed.
+
+Memory is bounded whatever the log's size (a busy node's kubelet log is hundreds of MB): lines are fed one
+at a time (``KubeletLogAnalyser.feed``), and only what the stall rule needs is kept: the unanswered call
+of each kubelet process, the newest ``MAX_KEPT_CALLS`` calls for the report, and counts.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,13 +31,22 @@ ISSUING = "Issuing a GetPreferredAllocation call for container"
 MAKING = "Making allocation request for device plugin"
 NEED = "Need devices to allocate for pod"
 DEFAULT_STALL_AFTER_S = 30.0
+MAX_KEPT_CALLS = 64  # newest calls kept for the report (counts cover all of them)
+MAX_KUBELET_PIDS = 64  # kubelet processes followed at once (each restart is a new pid)
+MAX_PENDING_NEEDS = 4096  # "Need devices to allocate" lines waiting for their GetPreferredAllocation
+MAX_HOSTS = 16
 
 # klog header: Lmmdd hh:mm:ss.uuuuuu threadid file:line] msg
 _KLOG = re.compile(
     r"(?P<sev>[IWEF])(?P<mon>\d{2})(?P<day>\d{2}) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})\.(?P<us>\d{1,6})"
     r"\s+(?P<pid>\d+) (?P<where>[^\]\s]+)\] (?P<msg>.*)$")
+# The header alone (no capture of the message): the fast path that every line of a big log takes.
+_HEADER = re.compile(r"[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{1,6})\s+(\d+) [^\]\s]+\] ")
+_INTERESTING = ('"' + "Need devices to allocate for pod", '"' + "Issuing a GetPreferredAllocation call",
+                '"' + "Making allocation request for device plugin")
 # journald "short" prefix: "Jul 30 20:39:03 ai-app-8-1-msxf kubelet[45878]: "
 _JOURNAL = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?P<host>\S+) kubelet\[\d+\]: ")
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _KV = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\S+)')
 
 
@@ -71,16 +85,11 @@ def parse_line(raw: str, lineno: int = 0, year: int = 2000) -> KlogLine | None:
         return None
     msg = m["msg"]
     text, rest = msg, ""
-    if msg.startswith('"'):  # structured: "message" k=v ...
-        end = 1
-        while end < len(msg):
-            if msg[end] == "\\":
-                end += 2
-                continue
-            if msg[end] == '"':
-                break
-            end += 1
-        text, rest = msg[1:end].replace('\\"', '"'), msg[end + 1:]
+    q = _QUOTED.match(msg)  # structured: "message" k=v ...
+    if q:
+        text, rest = q[1].replace('\\"', '"'), msg[q.end():]
+    elif msg.startswith('"'):  # an unterminated quote: the rest is the message
+        text = msg[1:]
     kv = {k: _unquote(v) for k, v in _KV.findall(rest)}
     return KlogLine(lineno, raw.rstrip("\n"), m["sev"], when, int(m["pid"]), m["where"], text, kv)
 
@@ -121,64 +130,118 @@ class KubeletLogAnalysis:
     source: str
     lines_total: int = 0
     klog_lines: int = 0
-    calls: list[PreferredCall] = field(default_factory=list)
     stall_after_s: float = DEFAULT_STALL_AFTER_S
     first_time: datetime | None = None
     last_time: datetime | None = None
-    hosts: list[str] = field(default_factory=list)  # node names from journald prefixes
+    hosts: list[str] = field(default_factory=list)  # node names from journald prefixes (at most 16)
+    calls_total: int = 0
+    answered_total: int = 0
+    # the newest calls (bounded); every unanswered, not superseded call is in ``unresolved``
+    calls: deque[PreferredCall] = field(default_factory=lambda: deque(maxlen=MAX_KEPT_CALLS))
+    unresolved: list[PreferredCall] = field(default_factory=list)
+    _answered: deque[PreferredCall] = field(default_factory=lambda: deque(maxlen=MAX_KEPT_CALLS))
 
     @property
     def stalls(self) -> list[PreferredCall]:
-        return [c for c in self.calls if c.answered is None and not c.superseded
-                and c.later_lines > 0 and c.waited_s >= self.stall_after_s]
+        return [c for c in self.unresolved if c.later_lines > 0 and c.waited_s >= self.stall_after_s]
 
     @property
     def outstanding(self) -> list[PreferredCall]:
         """Unanswered calls not (yet) long enough to be called a stall."""
-        return [c for c in self.calls if c.answered is None and not c.superseded and c not in self.stalls]
+        stalls = self.stalls
+        return [c for c in self.unresolved if c not in stalls]
 
     @property
     def answered(self) -> list[PreferredCall]:
-        return [c for c in self.calls if c.answered is not None]
+        """The newest answered calls (``answered_total`` counts all)."""
+        return list(self._answered)
+
+
+class KubeletLogAnalyser:
+    """Feed lines one at a time; ``finish()`` gives the analysis. Memory does not grow with the log."""
+
+    def __init__(self, source: str = "kubelet log", stall_after_s: float = DEFAULT_STALL_AFTER_S,
+                 year: int = 2000) -> None:
+        self.out = KubeletLogAnalysis(source=source, stall_after_s=stall_after_s)
+        self.year = year
+        self._open: OrderedDict[int, PreferredCall] = OrderedDict()  # kubelet pid -> unanswered call
+        self._evicted: deque[PreferredCall] = deque(maxlen=MAX_KUBELET_PIDS)
+        self._need: OrderedDict[tuple[int, str, str], str] = OrderedDict()  # (pid, uid, ctr) -> resource
+        self._last_header: re.Match[str] | None = None
+
+    def _time(self, m: re.Match[str]) -> datetime | None:
+        try:
+            return datetime(self.year, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]),
+                            int(m[6].ljust(6, "0")))
+        except ValueError:
+            return None
+
+    def feed(self, raw: str) -> None:
+        out = self.out
+        out.lines_total += 1
+        # Fast path: a header match per line; the full parse (key=value pairs) only for the three
+        # device-manager messages, times only while a call is open (a big log is mostly other lines).
+        m = _HEADER.search(raw)
+        if m is None:
+            return
+        when = self._time(m) if (self._open or out.first_time is None) else None
+        if when is None and (self._open or out.first_time is None):
+            return  # a header with an impossible date: not a klog line
+        out.klog_lines += 1
+        self._last_header = m
+        if m.start() and len(out.hosts) < MAX_HOSTS:
+            jm = _JOURNAL.match(raw)
+            if jm and jm["host"] not in out.hosts:
+                out.hosts.append(jm["host"])
+        out.first_time = out.first_time or when
+        pid = int(m[7])
+        for call in self._open.values():  # only unanswered calls can still stall
+            if pid == call.kubelet_pid:
+                call.later_lines += 1
+                call.last_seen = when
+            else:
+                call.kubelet_restarted = True
+        if not raw.startswith(_INTERESTING, m.end()):
+            return
+        line = parse_line(raw, out.lines_total, self.year)
+        if line is None:
+            return
+        if line.message == NEED:
+            key = (line.pid, line.kv.get("podUID", ""), line.kv.get("containerName", ""))
+            self._need[key] = line.kv.get("resourceName", "")
+            self._need.move_to_end(key)
+            while len(self._need) > MAX_PENDING_NEEDS:
+                self._need.popitem(last=False)
+        elif line.message == ISSUING:
+            prev = self._open.pop(line.pid, None)
+            if prev is not None:  # serial admission: the kubelet got past the previous call
+                prev.superseded = True
+            uid, ctr = line.kv.get("podUID", ""), line.kv.get("containerName", "")
+            call = PreferredCall(uid, ctr, line.pid, line, resource=self._need.pop((line.pid, uid, ctr), ""))
+            out.calls_total += 1
+            out.calls.append(call)
+            self._open[line.pid] = call
+            while len(self._open) > MAX_KUBELET_PIDS:  # the oldest kubelet process: keep its call
+                self._evicted.append(self._open.popitem(last=False)[1])
+        elif line.message == MAKING:
+            call = self._open.pop(line.pid, None)
+            if call is not None:
+                call.answered = line
+                call.resource = call.resource or line.kv.get("resourceName", "")
+                out.answered_total += 1
+                out._answered.append(call)
+
+    def finish(self) -> KubeletLogAnalysis:
+        if self._last_header is not None:
+            self.out.last_time = self._time(self._last_header) or self.out.last_time
+        unresolved = [*self._evicted, *self._open.values()]
+        self.out.unresolved = sorted(unresolved, key=lambda c: c.issued.lineno)
+        return self.out
 
 
 def analyse_kubelet_log(lines: Iterable[str], source: str = "kubelet log",
                         stall_after_s: float = DEFAULT_STALL_AFTER_S, year: int = 2000) -> KubeletLogAnalysis:
-    out = KubeletLogAnalysis(source=source, stall_after_s=stall_after_s)
-    open_call: dict[int, PreferredCall] = {}  # kubelet pid -> its latest unanswered call
-    need: dict[tuple[int, str, str], str] = {}  # (pid, podUID, container) -> resource
-    for lineno, raw in enumerate(lines, 1):
-        out.lines_total += 1
-        line = parse_line(raw, lineno, year)
-        if line is None:
-            continue
-        out.klog_lines += 1
-        jm = _JOURNAL.match(raw)
-        if jm and jm["host"] not in out.hosts:
-            out.hosts.append(jm["host"])
-        out.first_time = out.first_time or line.time
-        out.last_time = line.time
-        for call in open_call.values():  # only unanswered calls can still stall
-            if line.lineno > call.issued.lineno:
-                if line.pid == call.kubelet_pid:
-                    call.later_lines += 1
-                    call.last_seen = line.time
-                else:
-                    call.kubelet_restarted = True
-        if line.message == NEED:
-            need[(line.pid, line.kv.get("podUID", ""), line.kv.get("containerName", ""))] = \
-                line.kv.get("resourceName", "")
-        elif line.message == ISSUING:
-            prev = open_call.pop(line.pid, None)
-            if prev is not None:  # serial admission: the kubelet got past the previous call
-                prev.superseded = True
-            uid, ctr = line.kv.get("podUID", ""), line.kv.get("containerName", "")
-            call = PreferredCall(uid, ctr, line.pid, line, resource=need.get((line.pid, uid, ctr), ""))
-            out.calls.append(call)
-            open_call[line.pid] = call
-        elif line.message == MAKING:
-            call = open_call.pop(line.pid, None)
-            if call is not None:
-                call.answered = line
-                call.resource = call.resource or line.kv.get("resourceName", "")
-    return out
+    analyser = KubeletLogAnalyser(source, stall_after_s, year)
+    for raw in lines:
+        analyser.feed(raw)
+    return analyser.finish()

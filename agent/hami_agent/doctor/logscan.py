@@ -1,7 +1,9 @@
 """Grep-style scans of component logs for the error lines the seeds name (data tables, one regex each).
 
 Each table maps a short key to a regex; ``scan`` returns, per key, the matching lines (capped), which
-become facts ``<prefix>.<key>`` whose evidence lines are the log lines themselves.
+become facts ``<prefix>.<key>`` whose evidence lines are the log lines themselves. ``Scanner`` takes one
+line at a time, so a log of any size is scanned in bounded memory (counts, and at most
+``MAX_LINES_PER_KEY`` lines per key).
 """
 
 from __future__ import annotations
@@ -67,18 +69,29 @@ class ScanResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def scan(lines: Iterable[str], patterns: dict[str, str], source: str) -> ScanResult:
-    out = ScanResult(source)
-    compiled = {k: _rx(p) for k, p in patterns.items()}
-    for lineno, raw in enumerate(lines, 1):
+class Scanner:
+    """Incremental ``scan``: ``feed`` each line, read ``result``."""
+
+    def __init__(self, patterns: dict[str, str], source: str) -> None:
+        self.result = ScanResult(source)
+        self._compiled = {k: _rx(p) for k, p in patterns.items()}
+
+    def feed(self, raw: str) -> None:
+        out = self.result
         out.lines_total += 1
-        for key, rx in compiled.items():
+        for key, rx in self._compiled.items():
             if rx.search(raw):
                 out.counts[key] = out.counts.get(key, 0) + 1
                 kept = out.matches.setdefault(key, [])
                 if len(kept) < MAX_LINES_PER_KEY:
-                    kept.append(f"{source}:{lineno}: {raw.rstrip()}")
-    return out
+                    kept.append(f"{out.source}:{out.lines_total}: {raw.rstrip()[:2000]}")
+
+
+def scan(lines: Iterable[str], patterns: dict[str, str], source: str) -> ScanResult:
+    scanner = Scanner(patterns, source)
+    for raw in lines:
+        scanner.feed(raw)
+    return scanner.result
 
 
 def to_facts(result: ScanResult, prefix: str, patterns: dict[str, str], facts: Facts) -> None:

@@ -64,6 +64,18 @@ def nvml_hung(f: Facts) -> bool | None:
     )
 
 
+@predicate("nvml_workers_unkillable")
+def nvml_workers_unkillable(f: Facts) -> bool | None:
+    """NVML worker processes (`hami_agent.nvml.worker`) were sent SIGKILL and are still alive, stuck in
+    the driver in uninterruptible sleep (/proc/<pid>/status SigPnd, stat state D, wchan), or the plugin's
+    hami_nvml_stuck_unkillable metric is 1"""
+    metric = f.get("plugin.metrics.nvml_stuck_unkillable")
+    return _any_true(
+        _positive(f, "nvml.workers.unkillable_count"),
+        None if metric is MISSING else metric >= 1,
+    )
+
+
 @predicate("nvml_init_error")
 def nvml_init_error(f: Facts) -> bool | None:
     """NVML failed (not hung): doctor's probe raised "nvml Init err ...", or the plugin log has

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 DEFAULT_METRICS_BIND = ":9396"
 DEFAULT_INTERVAL_S = 5.0
@@ -66,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="libnvidia-ml.so.1 to use (env HAMI_NVML_LIBRARY; default: the system's)",
     )
     parser.add_argument(
+        "--mig-apply-lock",
+        default=None,
+        metavar="PATH",
+        help="do not call NVML while this file exists (default: the config's migApplyLockPath, else "
+        "/tmp/hami/hami-mig-apply.lock, the nvidia_mig role's lock)",
+    )
+    parser.add_argument(
         "--once", action="store_true", help="scan once, print the metrics in Prometheus text format and exit"
     )
     parser.add_argument("--json", action="store_true", help="with --once: print the scan as JSON instead")
@@ -101,30 +109,30 @@ def _pod_resolver(args: argparse.Namespace):
     return resolve
 
 
-def _host_source(args: argparse.Namespace):
-    from hami_agent.monitor.collector import HostGpuSample
-    from hami_agent.shrreg.nvmlprobe import probe
+def mig_apply_lock_path(args: argparse.Namespace) -> str:
+    """``--mig-apply-lock``, else the agent config's ``migApplyLockPath``, else HAMi's default."""
+    if args.mig_apply_lock:
+        return args.mig_apply_lock
+    if args.config:
+        from hami_agent.config import load_config
+
+        return load_config(args.config, args.node_name).agent.mig_apply_lock_path
+    from hami_agent.protocol import keys
+
+    return keys.MIG_APPLY_LOCK_PATH
+
+
+def _host_source(args: argparse.Namespace, mig_lock: str):
+    from hami_agent.monitor.hostgpu import HostGpuSource
+    from hami_agent.nvml.client import NvmlClient
 
     timeout_s = max(1.0, min(10.0, args.interval * 2))
-
-    def sample() -> list[HostGpuSample]:
-        res = probe(args.nvml_lib, timeout_s=timeout_s)
-        # HAMi labels the type "NVIDIA-" + the NVML name
-        return [
-            HostGpuSample(g.index, g.uuid, "NVIDIA-" + g.name, g.memory_used_bytes, g.utilization)
-            for g in res.gpus
-        ]
-
-    return sample
+    # one worker for the monitor's lifetime, reused by every sample
+    return HostGpuSource(NvmlClient(args.nvml_lib, call_timeout_s=timeout_s), mig_lock, timeout_s)
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import logging
-    import signal
-    import threading
-
-    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from hami_agent.monitor.collector import RegionMonitor
     from hami_agent.shrreg.reader import resolve_root
@@ -144,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"hami-agent monitor: --config: {exc}\n")
         return 2
     try:
+        mig_lock = mig_apply_lock_path(args)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"hami-agent monitor: --config: {exc}\n")
+        return 2
+    try:
         resolver = _pod_resolver(args)
     except Exception as exc:  # a bad kubeconfig must not stop the metrics: names fall back to pod UIDs
         logger.warning("pod names unavailable (%s); labelling pods by UID", exc)
@@ -154,8 +167,25 @@ def run(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         legacy=args.legacy_metrics,
         pod_resolver=resolver,
-        host_source=_host_source(args) if args.host_metrics else None,
+        host_source=_host_source(args, mig_lock) if args.host_metrics else None,
     )
+    try:
+        return _serve(args, mon, root, host, port, logger)
+    finally:
+        close = getattr(mon.host_source, "close", None)
+        if callable(close):
+            close()  # stop the NVML worker (a stuck one is left to the reaper, never waited for)
+
+
+def _serve(args: argparse.Namespace, mon: Any, root: str, host: str, port: int, logger: Any) -> int:
+    import json
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+    from hami_agent.monitor.collector import error_reason
+
     registry = CollectorRegistry()
     registry.register(mon)
     if args.once:
@@ -176,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
                         for c in res.containers
                     ],
                     "skipped": res.errors,
+                    "corrupt": sorted(p for p, msg in res.errors.items() if error_reason(msg) == "corrupt"),
+                    "refused": sorted(p for p, msg in res.errors.items() if error_reason(msg) == "refused"),
                 },
                 sys.stdout,
                 indent=2,

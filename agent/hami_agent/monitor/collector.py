@@ -71,11 +71,15 @@ class ScanResult:
 
 
 PodResolver = Callable[[], dict[str, PodRef]]
-HostSource = Callable[[], list[HostGpuSample]]
+# None: nothing to report this round (e.g. paused while the MIG apply lock is held). A source may also
+# have ``status() -> (paused, abandoned, unkillable)`` (``monitor.hostgpu.HostGpuSource``): exported too.
+HostSource = Callable[[], "list[HostGpuSample] | None"]
 
 
 def scan(root: str) -> ScanResult:
-    """Read every region under ``root``. Files that vanish or are half-written are reported, not fatal."""
+    """Read every region under ``root``. Files that vanish or are half-written are reported, not fatal;
+    corrupt and refused files (symlinks, FIFOs, devices) are reported and skipped, each read bounded by
+    ``READ_DEADLINE_S`` so one hostile file cannot delay the others."""
     res = ScanResult(taken_at=time.time())
     for path in find_region_files(root):
         p = str(path)
@@ -84,17 +88,29 @@ def scan(root: str) -> ScanResult:
             res.errors[p] = "directory name is not <podUID>_<container>"
             continue
         try:
-            region = read_region(p)
+            region = read_region(p, root=root)
         except FileNotFoundError:
             continue  # removed between listing and reading: the container is gone
         except (OSError, RegionFormatError) as exc:
             res.errors[p] = str(exc)
             continue
+        if region.corrupt:
+            why = "; ".join(w.removesuffix(": region is corrupt") for w in region.warnings)
+            res.errors[p] = f"region is corrupt: {why}"
+            continue
         res.containers.append(ContainerRegion(path=p, pod_uid=ident[0], container=ident[1], region=region))
     return res
 
 
-def _error_reason(msg: str) -> str:
+# Reasons that mean someone wrote the file on purpose (or memory was trashed): logged as warnings, once.
+HOSTILE_REASONS = frozenset({"corrupt", "refused"})
+
+
+def error_reason(msg: str) -> str:
+    if "region is corrupt" in msg:
+        return "corrupt"
+    if "refusing to" in msg or "replaced while being opened" in msg:
+        return "refused"
     if "magic flag not set" in msg:
         return "not_initialised"
     if "magic flag not matched" in msg:
@@ -153,6 +169,19 @@ class RegionMonitor(Collector):
             except Exception as exc:  # the API may be down; keep the last names, retry next round
                 logger.warning("list pods for container names failed: %s", exc)
                 self._pods_at = time.monotonic()
+        with self._lock:  # published before NVML is asked: a slow or hung NVML must not delay it
+            self._scan = res
+            self._scans_total += 1
+            for p, msg in res.errors.items():
+                reason = error_reason(msg)
+                self._errors_total[reason] = self._errors_total.get(reason, 0) + 1
+                if self._known_errors.get(p) != msg:
+                    # once per file and message, not every scan: half-written files are normal briefly
+                    if reason in HOSTILE_REASONS:
+                        logger.warning("skipping region %s (%s): %s", p, reason, msg)
+                    else:
+                        log.v(logger, 3, "skipping region %s: %s", p, msg)
+            self._known_errors = dict(res.errors)
         if self.host_source is not None:
             # Sampled here, not per scrape: NVML runs in a child process and must not slow /metrics.
             try:
@@ -164,16 +193,6 @@ class RegionMonitor(Collector):
             self._host_error = err
             with self._lock:
                 self._host = host
-        with self._lock:
-            self._scan = res
-            self._scans_total += 1
-            for p, msg in res.errors.items():
-                reason = _error_reason(msg)
-                self._errors_total[reason] = self._errors_total.get(reason, 0) + 1
-                if self._known_errors.get(p) != msg:
-                    # once per file and message, not every scan: half-written files are normal briefly
-                    log.v(logger, 3, "skipping region %s: %s", p, msg)
-            self._known_errors = dict(res.errors)
         log.v(
             logger, 5, "scanned %s: %d regions, %d skipped", self.root, len(res.containers), len(res.errors)
         )
@@ -316,7 +335,7 @@ class RegionMonitor(Collector):
         )
         counts: dict[str, int] = {}
         for msg in res.errors.values():
-            counts[_error_reason(msg)] = counts.get(_error_reason(msg), 0) + 1
+            counts[error_reason(msg)] = counts.get(error_reason(msg), 0) + 1
         for reason, n in sorted(counts.items()):
             skipped.add_metric([reason], n)
         with self._lock:
@@ -332,7 +351,25 @@ class RegionMonitor(Collector):
         yield from fams
         yield from (regions, skipped, errs, scans)
 
+    def _nvml_families(self) -> Iterator:
+        status_fn = getattr(self.host_source, "status", None)
+        if not callable(status_fn):
+            return
+        st = status_fn()
+        paused = GaugeMetricFamily("hami_monitor_nvml_paused",
+                                   "1 while the MIG apply lock file exists: NVML is not called", labels=[])
+        paused.add_metric([], 1.0 if st.paused else 0.0)
+        abandoned = GaugeMetricFamily("hami_nvml_abandoned_workers",
+                                      "NVML workers killed after a hang that have not exited yet", labels=[])
+        abandoned.add_metric([], st.abandoned)
+        unkillable = GaugeMetricFamily("hami_nvml_stuck_unkillable",
+                                       "1 while no NVML worker may start: the limit of abandoned workers is "
+                                       "alive (stuck in the driver)", labels=[])
+        unkillable.add_metric([], 1.0 if st.unkillable else 0.0)
+        yield from (paused, abandoned, unkillable)
+
     def _host_families(self) -> Iterator:
+        yield from self._nvml_families()
         with self._lock:
             samples = self._host
         if samples is None:

@@ -39,3 +39,20 @@ class NvmlTimeout(NvmlError):
         super().__init__(msg, call=call)
         self.timeout_s = timeout_s
         self.pid = pid
+
+
+class NvmlStuckUnkillable(NvmlError):
+    """No NVML worker may start: ``limit`` abandoned workers were killed and are still alive.
+
+    A worker stuck in the driver (D state) does not die on SIGKILL; every new worker that hangs the same way
+    would stay too. ``processes`` describes them (pid, the call it hung in, /proc state and wchan)."""
+
+    REASON = "nvml-stuck-unkillable"
+
+    def __init__(self, processes: list[str], limit: int) -> None:
+        self.processes = list(processes)
+        self.limit = limit
+        super().__init__(
+            f"{self.REASON}: {len(self.processes)} NVML worker process(es) were killed and have not exited "
+            f"({'; '.join(self.processes)}): the driver does not return; no new NVML worker is started until "
+            f"one of them exits (limit {limit} abandoned workers)")

@@ -1,4 +1,4 @@
-"""Turn the worker's inventory into the model, and the one-shot ``collect_inventory``."""
+"""Turn the worker's inventory into the model; the one-shot ``collect_inventory``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hami_agent.nvml.errors import NvmlError, NvmlTimeout
+from hami_agent.nvml.errors import NvmlError
 from hami_agent.nvml.model import (
     REASON_LOST,
     REASON_NVML_ERROR,
@@ -18,7 +18,6 @@ from hami_agent.nvml.model import (
     Snapshot,
     device_type,
 )
-from hami_agent.nvml.process import WorkerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -105,48 +104,8 @@ def warn_memory_not_supported(snapshot: Snapshot, already: set[int] | None = Non
                        "preConfiguredDeviceMemory in the device config to advertise its memory", index)
 
 
-def run_worker_once(mode: str, expect: str, lib_path: str | os.PathLike[str] | None,
-                    timeout_s: float) -> dict[str, Any]:
-    """Run a throw-away worker in ``mode`` and return the ``data`` of its first ``expect`` message.
-
-    Raises ``NvmlError`` (the worker's fatal error, worded like HAMi's logs) or ``NvmlTimeout`` naming the
-    NVML call in flight when ``timeout_s`` ran out (the worker is SIGKILLed and abandoned, never waited
-    for). Each call also has ``timeout_s`` as its own deadline, so one hung call is all it takes."""
-    if timeout_s <= 0:
-        raise ValueError("timeout_s must be > 0")
-    lib = resolve_lib_path(lib_path)
-    check_lib_path(lib)
-    worker = WorkerProcess(mode=mode, lib_path=lib, call_limit_s=timeout_s)
-    worker.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                call = worker.oldest_inflight()
-                worker.kill()
-                raise NvmlTimeout(call.fn if call else "nvmlInit", timeout_s, worker.pid)
-            got, msg = worker.next_message(min(left, 0.2))
-            if not got:
-                continue
-            if msg is None:
-                code = worker.exit_code()
-                raise NvmlError(f"nvml worker exited (code {code}) before reporting the {expect}")
-            if msg.get("t") == "error" and msg.get("fatal"):
-                raise NvmlError(str(msg.get("msg")), call=msg.get("fn"), code=msg.get("code"))
-            if msg.get("t") == "error":
-                logger.warning("%s", msg.get("msg"))
-            if msg.get("t") == expect:
-                return dict(msg["data"])
-    finally:
-        worker.stop(grace_s=0.5)
-
-
 def collect_inventory(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Snapshot:
-    """One-shot inventory in a throw-away worker. Raises ``NvmlError`` (worded like HAMi's logs) or
-    ``NvmlTimeout`` naming the NVML call that did not return within ``timeout_s`` (the worker is
-    SIGKILLed and abandoned, never waited for)."""
-    data = run_worker_once("once", "inventory", lib_path, timeout_s)
-    snap = build_snapshot(data, generation=1)
-    warn_memory_not_supported(snap)
-    return snap
+    """One-shot inventory through an ``NvmlClient`` (see ``hami_agent.nvml.client.collect_inventory``)."""
+    from hami_agent.nvml.client import collect_inventory as collect
+
+    return collect(lib_path, timeout_s)

@@ -10,6 +10,7 @@ Status = Literal["starting", "ok", "stuck", "error"]
 
 # unhealthy_reason values (short codes, also shown by `hami-agent devices`)
 REASON_STUCK = "nvml-stuck"
+REASON_STUCK_UNKILLABLE = "nvml-stuck-unkillable"  # killed workers still alive: no new worker is started
 REASON_LOST = "gpu-lost"
 REASON_NVML_ERROR = "nvml-error"
 

@@ -1,4 +1,6 @@
-"""Parent side of the NVML worker: spawn it, read its JSON lines, kill and abandon it when stuck."""
+"""Parent side of the NVML worker: spawn it, send it requests, read its JSON lines, kill it when stuck.
+
+Abandoned (killed, not yet exited) workers are tracked by ``hami_agent.nvml.reaper``."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class InFlight:
 class WorkerProcess:
     """One worker process. Not thread-safe: owned by one supervisor thread (or one caller)."""
 
-    mode: str = "once"
+    mode: str = "serve"  # serve: answers requests on stdin; watch: pushes inventories and XID events
     lib_path: str | None = None
     refresh_s: float = 10.0
     call_limit_s: float = 5.0
@@ -106,6 +108,13 @@ class WorkerProcess:
 
     def oldest_inflight(self) -> InFlight | None:
         return min(self.inflight.values(), key=lambda c: c.started, default=None)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """One request line on the worker's stdin. Raises OSError (BrokenPipeError) if it is gone."""
+        if not self.proc or not self.proc.stdin:
+            raise BrokenPipeError("the NVML worker is not running")
+        self.proc.stdin.write((json.dumps(msg, separators=(",", ":")) + "\n").encode())
+        self.proc.stdin.flush()
 
     def exit_code(self) -> int | None:
         return self.proc.poll() if self.proc else None

@@ -1,9 +1,11 @@
 """NvmlSupervisor: keeps an always-answerable inventory snapshot while NVML lives in a child process.
 
 DESIGN rule 2: calls have deadlines; a call past its deadline marks the worker stuck (metric + log +
-every GPU unhealthy with reason ``nvml-stuck``), the worker is SIGKILLed and abandoned (reaped later
-without blocking), and a new worker is tried with exponential backoff (1 s doubling to 60 s). When one
-succeeds the snapshot recovers. ``snapshot()`` never blocks on NVML.
+every GPU unhealthy with reason ``nvml-stuck``), the worker is SIGKILLed and abandoned to the process's
+``WorkerReaper`` (reaped later without blocking), and a new worker is tried with exponential backoff (1 s
+doubling to 60 s). While the reaper's limit of abandoned workers is alive (killed, but stuck in the driver
+in D state), no worker starts: the snapshot says ``nvml-stuck-unkillable`` and the supervisor resumes as
+soon as one of them exits. When a worker succeeds the snapshot recovers. ``snapshot()`` never blocks.
 """
 
 from __future__ import annotations
@@ -20,12 +22,22 @@ from hami_agent import log
 from hami_agent.nvml.errors import NvmlTimeout
 from hami_agent.nvml.health import XidPolicy
 from hami_agent.nvml.inventory import build_snapshot, resolve_lib_path, warn_memory_not_supported
-from hami_agent.nvml.model import REASON_NVML_ERROR, REASON_STUCK, Gpu, Snapshot, xid_reason
+from hami_agent.nvml.model import (
+    REASON_NVML_ERROR,
+    REASON_STUCK,
+    REASON_STUCK_UNKILLABLE,
+    Gpu,
+    Snapshot,
+    xid_reason,
+)
 from hami_agent.nvml.process import InFlight, WorkerProcess
+from hami_agent.nvml.reaper import WorkerReaper, default_reaper
 
 logger = logging.getLogger(__name__)
 
 STARTUP_GRACE_S = 10.0  # extra time a fresh interpreter gets to import pynvml before its first call
+UNKILLABLE_GRACE_S = 1.0  # a just-killed worker gets this long to exit before we call it unkillable
+REAP_EVERY_S = 1.0
 
 
 class _Metrics:
@@ -40,13 +52,20 @@ class _Metrics:
                            registry=registry)
         self.restarts = Counter("hami_nvml_worker_restarts", "NVML worker processes started after the first",
                                 registry=registry)
+        self.abandoned = Gauge("hami_nvml_abandoned_workers",
+                               "NVML workers killed after a hang that have not exited yet (this process)",
+                               registry=registry)
+        self.unkillable = Gauge("hami_nvml_stuck_unkillable",
+                                "1 while no NVML worker may start: the limit of abandoned workers is alive "
+                                "(stuck in the driver, SIGKILL cannot end them)", registry=registry)
 
 
 class NvmlSupervisor:
     def __init__(self, lib_path: str | os.PathLike[str] | None = None, call_timeout_s: float = 5.0,
                  refresh_interval_s: float = 10.0, *, registry: Any = None, watch_events: bool = True,
                  event_wait_ms: int = 1000, backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
-                 xid_policy: XidPolicy | None = None, env: Mapping[str, str] | None = None) -> None:
+                 xid_policy: XidPolicy | None = None, env: Mapping[str, str] | None = None,
+                 reaper: WorkerReaper | None = None) -> None:
         if call_timeout_s <= 0 or refresh_interval_s <= 0:
             raise ValueError("call_timeout_s and refresh_interval_s must be > 0")
         self.lib_path = resolve_lib_path(lib_path)
@@ -58,6 +77,7 @@ class NvmlSupervisor:
         self.backoff_max_s = backoff_max_s
         self.xid_policy = xid_policy or XidPolicy.from_env(os.environ if env is None else env)
         self.restarts = 0
+        self.reaper = reaper or default_reaper()
         self._metrics = _Metrics(registry) if registry is not None else None
         self._cond = threading.Condition()
         self._snap = Snapshot(status="starting", taken_at=time.time(), generation=0)
@@ -65,7 +85,7 @@ class NvmlSupervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._worker: WorkerProcess | None = None
-        self._zombies: list[WorkerProcess] = []
+        self._last_reap = 0.0
         self._xid_marks: dict[str, str] = {}
         self._mem_warned: set[int] = set()
         self._durations: dict[str, float] = {}
@@ -83,9 +103,11 @@ class NvmlSupervisor:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
-        for w in [self._worker, *self._zombies]:
-            if w is not None:
-                w.kill()
+        w = self._worker
+        if w is not None and not w.reaped():
+            w.kill()
+            if not w.reaped():
+                self.reaper.abandon(w, "shutdown", kill=False)  # never waited for; the reaper keeps count
 
     def snapshot(self) -> Snapshot:
         with self._cond:  # held only to swap/read a reference: never across NVML or I/O
@@ -108,9 +130,8 @@ class NvmlSupervisor:
 
     @property
     def zombies(self) -> int:
-        """Abandoned workers not yet reaped (stuck in the driver, or killed and not yet collected)."""
-        self._reap()
-        return len(self._zombies)
+        """Abandoned workers of this process not yet exited (stuck in the driver, or not yet collected)."""
+        return self._reap()
 
     # ------------------------------------------------------------------ internals
     def _publish(self, snap: Snapshot) -> Snapshot:
@@ -124,13 +145,38 @@ class NvmlSupervisor:
             self._cond.notify_all()
             return new
 
-    def _reap(self) -> None:
-        self._zombies = [w for w in self._zombies if not w.reaped()]
+    def _reap(self) -> int:
+        alive = self.reaper.reap()
+        self._last_reap = time.monotonic()
+        if self._metrics:
+            self._metrics.abandoned.set(alive)
+        return alive
+
+    def _wait_for_spawn_slot(self) -> bool:
+        """Poll until the reaper allows a new worker; while it does not, say nvml-stuck-unkillable.
+        False when stopped."""
+        self._reap()
+        if self.reaper.wait_for_slot(UNKILLABLE_GRACE_S, self._stop):
+            return True
+        if self._stop.is_set():
+            return False
+        self._mark_unkillable()
+        while not self.reaper.wait_for_slot(REAP_EVERY_S, self._stop):
+            self._reap()
+            if self._stop.is_set():
+                return False
+        self._reap()
+        if self._metrics:
+            self._metrics.unkillable.set(0)
+        logger.info("an abandoned NVML worker exited; starting a new NVML worker")
+        return True
 
     def _run(self) -> None:
         backoff = self.backoff_initial_s
         first = True
         while not self._stop.is_set():
+            if not self._wait_for_spawn_slot():
+                break
             if not first:
                 self.restarts += 1
                 if self._metrics:
@@ -162,6 +208,8 @@ class NvmlSupervisor:
         got_any = got_inventory = False
         while not self._stop.is_set():
             got, msg = w.next_message(0.1)
+            if time.monotonic() - self._last_reap >= REAP_EVERY_S:
+                self._reap()
             overdue = w.overdue()
             startup_limit = self.call_timeout_s + STARTUP_GRACE_S
             if overdue is None and not got_any and time.monotonic() - started > startup_limit:
@@ -177,8 +225,7 @@ class NvmlSupervisor:
                 try:
                     code = w.proc.wait(timeout=1.0) if w.proc else None
                 except Exception:  # TimeoutExpired: it closed stdout but lives on; abandon it
-                    w.kill()
-                    self._zombies.append(w)
+                    self.reaper.abandon(w, "exit")
                 if self._snap.status != "error":
                     self._publish_error(f"nvml worker exited unexpectedly (code {code})")
                 self._worker = None
@@ -188,7 +235,7 @@ class NvmlSupervisor:
                 got_inventory = True
         w.stop(grace_s=1.0)
         if not w.reaped():
-            self._zombies.append(w)
+            self.reaper.abandon(w, "shutdown", kill=False)  # stop() already sent SIGKILL
         self._worker = None
         return got_inventory
 
@@ -254,15 +301,28 @@ class NvmlSupervisor:
         gpus = self._unhealthy_gpus(REASON_STUCK)
         logger.error("%s; abandoning NVML worker pid %s, marking %d GPUs unhealthy (%s)", err, w.pid,
                      len(gpus), REASON_STUCK)
-        w.kill()
-        self._zombies.append(w)
         self._worker = None
+        self.reaper.abandon(w, fn)
+        self._reap()
         if self._metrics:
             self._metrics.stuck.set(1)
         prev = self._snap
         self._publish(Snapshot(status="stuck", gpus=gpus, driver_version=prev.driver_version,
                                cuda_driver_version=prev.cuda_driver_version, error=str(err),
                                stuck_call=fn, taken_at=time.time()))
+
+    def _mark_unkillable(self) -> None:
+        err = self.reaper.blocked_error()
+        gpus = self._unhealthy_gpus(REASON_STUCK_UNKILLABLE)
+        logger.error("%s; marking %d GPUs unhealthy (%s); %s", err, len(gpus), REASON_STUCK_UNKILLABLE,
+                     "; ".join(self.reaper.details()))
+        if self._metrics:
+            self._metrics.stuck.set(1)
+            self._metrics.unkillable.set(1)
+        prev = self._snap
+        self._publish(Snapshot(status="stuck", gpus=gpus, driver_version=prev.driver_version,
+                               cuda_driver_version=prev.cuda_driver_version, error=str(err),
+                               stuck_call=prev.stuck_call or err.REASON, taken_at=time.time()))
 
     def _publish_error(self, message: str) -> None:
         prev = self._snap

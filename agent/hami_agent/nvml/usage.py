@@ -1,6 +1,6 @@
-"""Per-GPU and per-process usage (memory used, utilization, compute processes), read one-shot by the
-supervised NVML worker (``--mode usage``): the same child process, per-call deadlines and error wording as
-the inventory. Used by the leak analysis (``shrreg``) and the monitor's host metrics."""
+"""Per-GPU and per-process usage (memory used, utilization, compute processes), read by an NVML worker
+(``NvmlClient.usage``): the same child process, per-call deadlines and error wording as the inventory.
+Used by the leak analysis (``shrreg``) and the monitor's host metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami_agent.nvml.inventory import run_worker_once
+from hami_agent import log
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def build_usage(data: Mapping[str, Any]) -> Usage:
         index = int(raw["index"])
         if raw.get("error") or "uuid" not in raw:
             problems.append(f"GPU {index}: {raw.get('error') or 'NVML gave no details'}; usage not listed")
-            logger.error("%s", problems[-1])
+            log.v(logger, 3, "%s", problems[-1])  # callers report problems (raise or warn once)
             continue
         mem, util = raw.get("memory_used_bytes"), raw.get("utilization")
         gpus.append(GpuUsage(index=index, uuid=str(raw["uuid"]), name=str(raw["name"]),
@@ -63,7 +63,7 @@ def build_usage(data: Mapping[str, Any]) -> Usage:
 
 
 def collect_usage(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Usage:
-    """One-shot usage in a throw-away worker. Library: ``lib_path``, else ``$HAMI_NVML_LIBRARY``, else the
-    system's. Raises ``NvmlError`` (e.g. ``nvml Init err: ...``) or ``NvmlTimeout`` naming the NVML call
-    that did not return within ``timeout_s`` (the worker is SIGKILLed and abandoned)."""
-    return build_usage(run_worker_once("usage", "usage", lib_path, timeout_s))
+    """One-shot usage through an ``NvmlClient`` (see ``hami_agent.nvml.client.collect_usage``)."""
+    from hami_agent.nvml.client import collect_usage as collect
+
+    return collect(lib_path, timeout_s)

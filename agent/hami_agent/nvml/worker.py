@@ -6,11 +6,15 @@ stdout, one JSON object per line:
 
   {"t": "begin", "k": 7, "fn": "nvmlInit", "limit": 5.0}     an NVML call starts (deadline: limit s)
   {"t": "end", "k": 7, "fn": "nvmlInit", "s": 0.0012}         it returned after s seconds
-  {"t": "inventory", "data": {...}}                            a full inventory (see ``collect``)
-  {"t": "usage", "data": {...}}                                per-GPU and per-process usage (mode usage)
+  {"t": "inventory", "data": {...}, "id": 3}                   a full inventory (see ``collect``)
+  {"t": "usage", "data": {...}, "id": 4}                       per-GPU and per-process usage
   {"t": "event", "index": 3, "uuid": "GPU-...", "xid": 79, "gi": null, "ci": null}
   {"t": "error", "fn": "...", "code": 9, "msg": "nvml Init err: Driver Not Loaded", "fatal": true}
   {"t": "bye"}
+
+Modes: ``watch`` (the supervisor's: an inventory every ``--refresh`` seconds plus XID events) and
+``serve`` (a long-lived worker answering requests, one JSON line each on stdin: ``{"op": "usage",
+"id": 4}`` or ``{"op": "inventory", "id": 3}``; answers carry the request's ``id``).
 
 The worker exits when its stdin reaches EOF (parent gone), so it never outlives the agent unless it is
 stuck in the driver, where nothing can end it anyway.
@@ -321,9 +325,35 @@ def _exit_on_stdin_eof() -> None:
     os._exit(0)
 
 
+def serve(nv: Nvml, collector: Collector, chan: Channel) -> int:
+    """Answer requests from stdin until EOF. An NVML error answers the request and ends the worker (its
+    NVML state is unknown after that); the parent starts a fresh one for the next request."""
+    p = nv.pynvml
+    for raw in sys.stdin.buffer:
+        try:
+            req = json.loads(raw)
+            op, rid = req["op"], req["id"]
+        except (ValueError, KeyError, TypeError):
+            chan.send({"t": "error", "fatal": False, "msg": f"nvml worker: bad request {raw[:200]!r}"})
+            continue
+        try:
+            if op == "usage":
+                chan.send({"t": "usage", "id": rid, "data": collector.usage()})
+            elif op == "inventory":
+                chan.send({"t": "inventory", "id": rid, "data": collector.inventory()})
+            else:
+                chan.send({"t": "error", "id": rid, "fatal": False, "msg": f"nvml worker: unknown op {op!r}"})
+        except p.NVMLError as exc:
+            fn = "nvmlDeviceGetCount"
+            chan.send({"t": "error", "id": rid, "fn": fn, "code": getattr(exc, "value", None), "fatal": True,
+                       "msg": f"{phrase_for(fn)}: {_err_text(exc)}"})
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hami_agent.nvml.worker")
-    ap.add_argument("--mode", choices=["once", "watch", "usage"], default="once")
+    ap.add_argument("--mode", choices=["serve", "watch"], default="serve")
     ap.add_argument("--lib", default=None)
     ap.add_argument("--refresh", type=float, default=10.0)
     ap.add_argument("--call-limit", type=float, default=5.0)
@@ -335,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     chan = Channel(proto)
-    threading.Thread(target=_exit_on_stdin_eof, daemon=True, name="stdin-eof").start()
+    if args.mode == "watch":  # serve mode reads stdin itself and ends at EOF
+        threading.Thread(target=_exit_on_stdin_eof, daemon=True, name="stdin-eof").start()
 
     try:
         nv = Nvml(chan, args.call_limit)
@@ -360,31 +391,36 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     collector = Collector(nv, os.environ.get(SYSFS_ROOT_ENV) or "/sys")
+    if args.mode == "serve":
+        rc = serve(nv, collector, chan)
+    else:
+        rc = watch(nv, collector, chan, args)
+    if rc == 0:
+        try:
+            nv.call("nvmlShutdown", p.nvmlShutdown)
+        except p.NVMLError:
+            pass
+        chan.send({"t": "bye"})
+    return rc
+
+
+def watch(nv: Nvml, collector: Collector, chan: Channel, args: argparse.Namespace) -> int:
+    """An inventory every ``--refresh`` seconds (and XID events) until stdin closes."""
+    p = nv.pynvml
     stop = threading.Event()
-    if args.mode == "watch" and args.events:
+    if args.events:
         threading.Thread(target=watch_events, args=(nv, chan, args.event_wait_ms, stop), daemon=True,
                          name="nvml-events").start()
     while True:
         try:
-            if args.mode == "usage":
-                chan.send({"t": "usage", "data": collector.usage()})
-            else:
-                chan.send({"t": "inventory", "data": collector.inventory()})
+            chan.send({"t": "inventory", "data": collector.inventory()})
         except p.NVMLError as exc:
             fn = "nvmlDeviceGetCount"
             chan.send({"t": "error", "fn": fn, "code": getattr(exc, "value", None), "fatal": True,
                        "msg": f"{phrase_for(fn)}: {_err_text(exc)}"})
+            stop.set()
             return 1
-        if args.mode != "watch":
-            break
         time.sleep(args.refresh)
-    stop.set()
-    try:
-        nv.call("nvmlShutdown", p.nvmlShutdown)
-    except p.NVMLError:
-        pass
-    chan.send({"t": "bye"})
-    return 0
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ class Region:
     priority: int
     last_kernel_time: int | None
     warnings: tuple[str, ...] = field(default=())
+    # header values no real region can have (proc_num/device_num out of range): its slots are not decoded,
+    # its numbers mean nothing; the monitor skips it and reports it as corrupt
+    corrupt: bool = False
 
     @property
     def version(self) -> str:

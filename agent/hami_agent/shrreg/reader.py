@@ -1,11 +1,17 @@
-"""Read-only decoding of shared-region files.
+"""Read-only decoding of shared-region files, bounded against hostile ones.
 
 Snapshots are taken with ``pread`` on an ``O_RDONLY`` descriptor rather than by copying out of an
 mmap: both read the same page cache that the CUDA processes' ``MAP_SHARED`` mappings write, but a
 region truncated under a live mapping (``shrreg-tool --create_new`` does ``O_TRUNC``) raises SIGBUS
 in the reader, which would kill a long-running monitor. ``pread`` just returns fewer bytes, which we
 report as a truncated file. The repair path (``repair.py``) does mmap, because it must operate on
-the live semaphores.
+the live semaphores (it maps in a child process for that reason).
+
+The file is the tenant's (mapped read-write in its container), so: it is opened with
+``safeopen.open_regular`` (no symlinks below the root, no FIFO/device, no blocking ``open``); a header
+no real region can have (``proc_num``/``device_num`` out of range) marks the region ``corrupt`` without
+decoding its slots; and the seqlock retries of one file share one deadline (``READ_DEADLINE_S``), so a
+body full of odd sequence counters costs at most that long, not 1024 slots x 20 retries.
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ from hami_agent.shrreg.layout import (
     detect_layout,
 )
 from hami_agent.shrreg.model import DeviceMemory, DeviceUtil, ProcSlot, Region, SemState
+from hami_agent.shrreg.safeopen import open_regular
 
 DEFAULT_HOOK_PATH = "/usr/local"
 CACHE_SUFFIX = ".cache"
-SEQLOCK_RETRIES = 20
+SEQLOCK_RETRIES = 20  # per slot, as HAMi-core's readers; all retries of one file share READ_DEADLINE_S
+READ_DEADLINE_S = 0.25  # a writer holds a slot's seqlock odd for microseconds; a slot odd for longer
+#                         than this is a dead writer (or a forged file), reported as "update in progress"
+MAX_FILES_PER_CONTAINER = 16  # HAMi-core writes one region per container; more is a tenant's doing
 
 
 def postinit_offset(layout: Layout) -> int | None:
@@ -91,12 +101,16 @@ def decode_slot(layout: Layout, buf: bytes | memoryview, index: int, base: int |
 
 
 def decode_region(
-    buf: bytes | memoryview, file_size: int, path: str = "<region>", slot_reader=None
+    buf: bytes | memoryview, file_size: int, path: str = "<region>", slot_reader=None,
+    deadline: float | None = None,
 ) -> Region:
     """Decode a region from ``buf`` (at least the layout's size). Raises RegionFormatError.
 
-    ``slot_reader(index) -> bytes`` (optional) re-reads one slot's bytes for seqlock retries.
+    ``slot_reader(index) -> bytes`` (optional) re-reads one slot's bytes for seqlock retries, which stop
+    at ``deadline`` (``time.monotonic()``; default: ``READ_DEADLINE_S`` from now) for the whole region.
     """
+    if deadline is None:
+        deadline = time.monotonic() + READ_DEADLINE_S
     layout, major, minor = detect_layout(file_size, bytes(buf[:12]), path)
     if len(buf) < layout.size:
         raise RegionFormatError(
@@ -104,6 +118,7 @@ def decode_region(
             "while being read (truncated or re-created)"
         )
     warnings: list[str] = []
+    corrupt = False
     if major == 1 and minor not in (1, 2):
         warnings.append(f"unknown minor version {major}.{minor}: decoded with the v1.2 layout")
     (flag,) = struct.unpack_from("<i", buf, 0)
@@ -115,6 +130,7 @@ def decode_region(
     (device_num,) = struct.unpack_from("<Q", buf, layout.off_device_num)
     if device_num > MAX_DEVICES:
         warnings.append(f"device_num {device_num} is out of range 0..{MAX_DEVICES}: region is corrupt")
+        corrupt = True
     uuids = tuple(
         _decode_uuid(bytes(buf[layout.off_uuids + UUID_LEN * i : layout.off_uuids + UUID_LEN * (i + 1)]))
         for i in range(MAX_DEVICES)
@@ -124,14 +140,17 @@ def decode_region(
     proc_num, util_switch, recent_kernel, priority = struct.unpack_from("<iiii", buf, layout.off_proc_num)
     if not 0 <= proc_num <= MAX_PROCS:
         warnings.append(f"proc_num {proc_num} is out of range 0..{MAX_PROCS}: region is corrupt")
-    n = max(0, min(proc_num, MAX_PROCS))
+        corrupt = True
+    n = 0 if corrupt else proc_num  # a corrupt header's slots are noise: not decoded
     procs = []
     for i in range(n):
         slot = decode_slot(layout, buf, i)
         tries = 0
         # Seqlock readers retry while a writer is mid-update, exactly as get_gpu_memory_usage does;
-        # give up after a bounded number of re-reads and report the slot as in progress.
-        while slot.write_in_progress and slot_reader is not None and tries < SEQLOCK_RETRIES:
+        # give up after a bounded number of re-reads (or at the file's deadline) and report the slot as
+        # in progress.
+        while (slot.write_in_progress and slot_reader is not None and tries < SEQLOCK_RETRIES
+               and time.monotonic() < deadline):
             tries += 1
             time.sleep(0.0005 * tries)
             raw = slot_reader(i)
@@ -164,13 +183,18 @@ def decode_region(
         priority=priority,
         last_kernel_time=last_kernel_time,
         warnings=tuple(warnings),
+        corrupt=corrupt,
     )
 
 
-def read_region(path: str | os.PathLike[str]) -> Region:
-    """Snapshot and decode one region file. Never writes. Raises RegionFormatError or OSError."""
+def read_region(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None,
+                deadline_s: float = READ_DEADLINE_S) -> Region:
+    """Snapshot and decode one region file within ``deadline_s``. Never writes, never follows a symlink
+    below ``root`` (default: the file's directory), never opens a FIFO or device. Raises
+    RegionFormatError, ``safeopen.RefusedFile`` or another OSError."""
     p = os.fspath(path)
-    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    deadline = time.monotonic() + deadline_s
+    fd = open_regular(p, os.fspath(root) if root is not None else None)
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, 12, 0)
@@ -180,7 +204,7 @@ def read_region(path: str | os.PathLike[str]) -> Region:
         def slot_reader(i: int) -> bytes:
             return os.pread(fd, layout.slot_size, layout.slot_offset(i))
 
-        return decode_region(buf, size, p, slot_reader=slot_reader)
+        return decode_region(buf, size, p, slot_reader=slot_reader, deadline=deadline)
     finally:
         os.close(fd)
 
@@ -208,30 +232,49 @@ def resolve_root(directory: str | None, config_path: str | None = None, node_nam
     return default_root()
 
 
-def find_region_files(root: str | os.PathLike[str]) -> Iterator[Path]:
+def find_region_files(root: str | os.PathLike[str],
+                      max_per_container: int = MAX_FILES_PER_CONTAINER) -> Iterator[Path]:
     """Region files under ``root``: ``root/<podUID>_<ctr>/*.cache`` (sorted), or ``root`` itself.
 
-    ``root`` may also be a single container directory (``*.cache`` directly inside it).
-    Unreadable or vanished directories are skipped: containers come and go while we scan.
+    ``root`` may also be a single container directory (``*.cache`` directly inside it). Symlinked
+    container directories are not followed; ``*.cache`` entries that are not regular files (symlinks,
+    FIFOs, devices) ARE listed, so the reader refuses and reports them. At most ``max_per_container``
+    files per directory (a tenant can create any number). Unreadable or vanished directories are
+    skipped: containers come and go while we scan.
     """
     rootp = Path(root)
     try:
         if rootp.is_file():
             yield rootp
             return
-        entries = sorted(rootp.iterdir())
+        with os.scandir(rootp) as it:
+            entries = sorted(it, key=lambda e: e.name)
     except OSError:
         return
+    own: list[Path] = []
     for entry in entries:
         try:
-            if entry.is_file() and entry.name.endswith(CACHE_SUFFIX):
-                yield entry
-            elif entry.is_dir():
-                for f in sorted(entry.iterdir()):
-                    if f.name.endswith(CACHE_SUFFIX) and f.is_file():
-                        yield f
+            if entry.is_dir(follow_symlinks=False):
+                yield from _cache_files(Path(entry.path), max_per_container)
+            elif entry.name.endswith(CACHE_SUFFIX) and len(own) < max_per_container:
+                own.append(Path(entry.path))
         except OSError:
             continue
+    yield from own
+
+
+def _cache_files(directory: Path, limit: int) -> list[Path]:
+    found: list[str] = []
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                if e.name.endswith(CACHE_SUFFIX) and not e.is_dir(follow_symlinks=False):
+                    found.append(e.name)
+                    if len(found) > limit:  # stop listing: a tenant may have created millions
+                        break
+    except OSError:
+        return []
+    return [directory / name for name in sorted(found)[:limit]]
 
 
 def container_identity(path: str | os.PathLike[str]) -> tuple[str, str] | None:

@@ -115,15 +115,22 @@ class Entry:
         return {"pod_uid": ident[0], "container": ident[1]} if ident else None
 
 
-def _select_paths(args: argparse.Namespace) -> list[str]:
+def _select_paths(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """(paths, root): the root is the directory the tool was pointed at (``--dir``, else the node's
+    region root); no path component below it is followed through a symlink. A ``--file`` outside the
+    root is trusted up to its own directory, never further (see ``safeopen``)."""
     if args.file:
-        return [os.path.abspath(f) for f in args.file]
+        try:
+            root = resolve_root(args.dir, getattr(args, "config", None), getattr(args, "node_name", None))
+        except (OSError, ValueError):
+            root = None
+        return [os.path.abspath(f) for f in args.file], root
     if args.dir is None:
         env = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
         if env:
-            return [env]
+            return [env], None
     root = resolve_root(args.dir, getattr(args, "config", None), getattr(args, "node_name", None))
-    return [str(p) for p in find_region_files(root)]
+    return [str(p) for p in find_region_files(root)], root
 
 
 def _device_matches(region: Region, spec: str | None) -> list[int]:
@@ -136,12 +143,12 @@ def _device_matches(region: Region, spec: str | None) -> list[int]:
     return [d for d in devs if region.uuids[d].lower().startswith(s)]
 
 
-def _load(paths: list[str], args: argparse.Namespace, *, scan: bool = True) -> list[Entry]:
+def _load(paths: list[str], root: str | None, args: argparse.Namespace, *, scan: bool = True) -> list[Entry]:
     entries = []
     for p in paths:
         e = Entry(path=p)
         try:
-            e.region = read_region(p)
+            e.region = read_region(p, root=root)
         except (OSError, RegionFormatError) as exc:
             e.error = str(exc)
         entries.append(e)
@@ -227,7 +234,7 @@ def _entry_json(e: Entry, device: str | None) -> dict[str, Any]:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    entries = _load(_select_paths(args), args)
+    entries = _load(*_select_paths(args), args)
     nvml = analysis.load_nvml_processes(args.nvml_usage) if args.nvml_usage else None
     if args.nvml:
         from hami_agent.shrreg.nvmlprobe import NvmlProbeError, probe
@@ -256,7 +263,7 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_version(args: argparse.Namespace, out: TextIO) -> int:
     expect = analysis.parse_version(args.expect_version)
-    entries = _load(_select_paths(args), args, scan=False)
+    entries = _load(*_select_paths(args), args, scan=False)
     rows = []
     for e in entries:
         row: dict[str, Any] = {"path": e.path, "error": e.error}
@@ -305,12 +312,12 @@ def _cmd_repair(args: argparse.Namespace, out: TextIO, op: str) -> int:
     if args.device is None and not args.file:
         sys.stderr.write(f"shrreg_tool: --{op} needs --device N (or --file PATH) to name what to repair\n")
         return EXIT_USAGE
-    paths = _select_paths(args)
+    paths, root = _select_paths(args)
     targets: list[str] = []
     errors: list[dict[str, Any]] = []
     for p in paths:
         try:
-            r = read_region(p)
+            r = read_region(p, root=root)
         except (OSError, RegionFormatError) as exc:
             errors.append({"path": p, "operation": op, "error": str(exc), "ok": False})
             continue
@@ -318,7 +325,8 @@ def _cmd_repair(args: argparse.Namespace, out: TextIO, op: str) -> int:
             targets.append(p)
     fn = repair.force_unlock if op == "force-unlock" else repair.cleanup
     results = [
-        fn(p, dry_run=args.dry_run, lock_timeout_s=args.lock_timeout, assume_complete=args.in_container)
+        fn(p, dry_run=args.dry_run, lock_timeout_s=args.lock_timeout, assume_complete=args.in_container,
+           root=root)
         for p in targets
     ]
     if args.json:

@@ -159,10 +159,29 @@ static int refresh_state(void)
     return 0;
 }
 
-static void hang_forever(void)
+/* Like a process stuck in the driver: never returns. Called with the state lock held; releases it.
+ *
+ * Two models (tests/gpusim/README.md, docs/gpusim.md):
+ * - default: sleep in pause(). Signals with handlers wake pause() and we go back to sleep; default-action
+ *   signals (SIGTERM, SIGKILL) end the process, so a SIGKILL cleans this hang up.
+ * - faults.hang_file set: first read() that file. When it is a FUSE file whose server takes the read and
+ *   never answers (tests/gpusim/dstate.py), the kernel keeps this thread in request_wait_answer(); after
+ *   SIGKILL that wait is uninterruptible (state D, SIGKILL pending), exactly like a thread stuck in an
+ *   ioctl of the real driver: the process cannot exit until the read is answered. */
+static void hang_unlock_forever(void)
 {
-    /* Like a process stuck in the driver: never returns. Signals with handlers wake pause() and we
-     * go back to sleep; default-action signals (SIGTERM, SIGKILL) end the process. */
+    char file[sizeof(cur->hang_file)];
+    snprintf(file, sizeof(file), "%s", cur->hang_file);
+    pthread_mutex_unlock(&lock);
+    if (file[0]) {
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            char c;
+            ssize_t n = read(fd, &c, 1);
+            (void)n; /* answered (the "driver" returned): still a hang, fall through to pause() */
+            close(fd);
+        }
+    }
     for (;;)
         pause();
 }
@@ -211,10 +230,8 @@ static nvmlReturn_t enter(const char *fn, int need_init)
         return NVML_ERROR_UNKNOWN;
     }
     call_count++;
-    if (hang_requested(fn)) {
-        pthread_mutex_unlock(&lock);
-        hang_forever();
-    }
+    if (hang_requested(fn))
+        hang_unlock_forever();
     if (need_init && init_refcount == 0) {
         pthread_mutex_unlock(&lock);
         return NVML_ERROR_UNINITIALIZED;
@@ -312,10 +329,8 @@ NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
         return r;
     if (!cur->driver_loaded)
         return leave(NVML_ERROR_DRIVER_NOT_LOADED);
-    if (cur->init_hang || (cur->known_bad_driver_hang && known_bad_driver() && is_mixed_mig())) {
-        pthread_mutex_unlock(&lock);
-        hang_forever();
-    }
+    if (cur->init_hang || (cur->known_bad_driver_hang && known_bad_driver() && is_mixed_mig()))
+        hang_unlock_forever();
     if (cur->module_version[0] && strcmp(cur->module_version, cur->driver_version))
         return leave(NVML_ERROR_LIB_RM_VERSION_MISMATCH);
     init_refcount++;

@@ -168,6 +168,7 @@ int gs_state_from_json(js *doc, gs_state *st, char *err, size_t errlen)
     st->init_hang = js_bool(js_get(faults, "init_hang"), 0);
     st->known_bad_driver_hang = js_bool(js_get(faults, "known_bad_driver_hang"), 1);
     st->hang_after_calls = js_int(js_get(faults, "hang_after_calls"), -1);
+    copy_str(st->hang_file, sizeof(st->hang_file), js_str(js_get(faults, "hang_file"), ""));
     js *fns = js_get(faults, "hang_functions");
     for (size_t i = 0; i < js_len(fns) && st->nhangfn < GS_MAX_HANGFN; i++) {
         const char *s = js_str(js_at(fns, i), NULL);

@@ -74,6 +74,7 @@ typedef struct {
     long long hang_after_calls; /* -1: off */
     int nhangfn;
     char hangfn[GS_MAX_HANGFN][64];
+    char hang_file[512]; /* non-empty: a hung call blocks in read() of this file (D-state model) */
     int nunsupported;
     char unsupported[GS_MAX_HANGFN][64]; /* these calls return NOT_SUPPORTED (older driver) */
     int ngpus;

@@ -160,6 +160,29 @@ def test_host_metrics_from_source(tmp_path):
     assert s["HostGPUMemoryUsage"] == [(legacy, 5.0 * MIB)] and s["HostCoreUtilization"] == [(legacy, 42.0)]
 
 
+def test_nvml_health_of_the_host_source_is_exported(tmp_path):
+    """A paused (MIG apply lock) or unkillable NVML shows as gauges, and no stale host samples."""
+    from hami_agent.monitor.hostgpu import HostNvmlStatus
+
+    class Source:
+        def __init__(self):
+            self.state = HostNvmlStatus(paused=True, abandoned=2, unkillable=True)
+
+        def __call__(self):
+            return None  # paused: nothing sampled
+
+        def status(self):
+            return self.state
+
+    mon, reg = monitor(tmp_path, host_source=Source())
+    mon.refresh()
+    s = samples(reg)
+    assert s["hami_monitor_nvml_paused"] == [({}, 1.0)]
+    assert s["hami_nvml_abandoned_workers"] == [({}, 2.0)]
+    assert s["hami_nvml_stuck_unkillable"] == [({}, 1.0)]
+    assert "hami_host_gpu_memory_used_bytes" not in s
+
+
 def test_lock_and_slot_gauges(tmp_path):
     make(tmp_path, "c", build("v1.2", owner=77, sem_value=0, slots=[(77, 0, 1, [0])]))
     mon, reg = monitor(tmp_path)

@@ -71,7 +71,7 @@ def test_truncations(layout, cut, claimed):
         assert len(buf) >= LAYOUTS[r.layout].size
 
 
-def test_wild_proc_num_and_device_num_are_clamped_and_flagged():
+def test_wild_proc_num_and_device_num_are_flagged_corrupt_and_slots_not_decoded():
     buf = bytearray(build("v1.2", slots=[(5, 0, 1, [MIB])]))
     lay = LAYOUTS["v1.2"]
     struct.pack_into("<i", buf, lay.off_proc_num, -7)
@@ -79,6 +79,13 @@ def test_wild_proc_num_and_device_num_are_clamped_and_flagged():
     r = decode_region(bytes(buf), len(buf), "x")
     assert r.procs == () and any("proc_num -7" in w for w in r.warnings)
     assert any("device_num" in w for w in r.warnings)
+    assert r.corrupt
+    # a proc_num past 1024 is noise: decoding 1024 slots of it (the old clamp) cost up to a minute of
+    # seqlock retries on a random body and exported garbage metrics
+    struct.pack_into("<Q", buf, lay.off_device_num, 1)
     struct.pack_into("<i", buf, lay.off_proc_num, 99999)
     r = decode_region(bytes(buf), len(buf), "x")
-    assert len(r.procs) == 1024
+    assert r.corrupt and r.procs == ()
+    struct.pack_into("<i", buf, lay.off_proc_num, 1)
+    r = decode_region(bytes(buf), len(buf), "x")
+    assert not r.corrupt and len(r.procs) == 1

@@ -72,6 +72,9 @@ def collect_plugin_endpoint(ctx: Context, facts: Facts) -> None:
     for name, labels, value in samples:
         if name == "hami_device_plugin_nvml_stuck":
             facts.set("plugin.metrics.nvml_stuck", value, f"{ctx.plugin_url} metric {name} = {value:g}")
+        elif name == "hami_nvml_stuck_unkillable":
+            facts.set("plugin.metrics.nvml_stuck_unkillable", value,
+                      f"{ctx.plugin_url} metric {name} = {value:g}")
         elif name == "hami_device_plugin_nvml_status" and value == 1:
             facts.set("plugin.metrics.nvml_status", labels.get("status", ""),
                       f"{ctx.plugin_url} metric {name}{{status={labels.get('status')!r}}} = 1")

@@ -70,9 +70,18 @@ def collect_driver_files(ctx: Context, facts: Facts) -> None:
 
 
 def collect_nvml(ctx: Context, facts: Facts) -> None:
-    """One NVML inventory in a throw-away worker with a deadline: a timeout names the hung call."""
+    """One NVML inventory in a throw-away worker with a deadline: a timeout names the hung call. Not run
+    when NVML workers are already stuck in the driver: a probe would only leave one more behind."""
+    from hami_agent.doctor.collect.nvmlworkers import find_nvml_workers, unkillable
     from hami_agent.nvml import NvmlError, NvmlTimeout, collect_inventory
 
+    stuck = unkillable(find_nvml_workers(ctx.proc()))
+    if stuck:
+        facts.set("nvml.status", "hung",
+                  f"NVML: not probed: {len(stuck)} NVML worker process(es) already stuck in the driver "
+                  f"({', '.join(str(w['pid']) for w in stuck)}); a probe would only add one more")
+        facts.set("nvml.stuck_call", "an earlier call of the agent's NVML worker")
+        return
     try:
         snap = collect_inventory(ctx.nvml_lib, timeout_s=ctx.nvml_timeout_s)
     except NvmlTimeout as exc:

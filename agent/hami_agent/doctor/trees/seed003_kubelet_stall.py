@@ -10,6 +10,13 @@ PLAYBOOK_NVML = ("ansible-playbook playbooks/remediate_nvml_hang.yml -l {target.
 UPGRADE = (" (cordons and drains the node, upgrades the driver to 570.172.08, reboots, verifies NVML, "
            "uncordons)")
 
+UNKILLABLE_SUMMARY = (
+    "{nvml.workers.unkillable_count} NVML worker process(es) were killed but cannot exit: stuck in the "
+    "driver in uninterruptible sleep, keeping their /dev/nvidia* handles and memory ({nvml.workers."
+    "unkillable_pids}); the agent starts no new NVML worker while its limit of them is alive (GPUs "
+    "Unhealthy, reason nvml-stuck-unkillable)")
+UNKILLABLE_EVIDENCE = ("nvml.workers.unkillable", "plugin.metrics.nvml_stuck_unkillable", "driver.version")
+
 TREE = Tree(
     name="seed003_kubelet_stall",
     seed="003 incident: pods Pending/Terminating after MIG split (NVML init hang, R570)",
@@ -39,6 +46,22 @@ TREE = Tree(
                       "driver.known_bad", "mig.mixed"),
             fix=PLAYBOOK_NVML + UPGRADE + "; workaround without an upgrade: undo the MIG split or "
                 "downgrade to 570.86.15",
+        ),
+        Rule(
+            code="NVML_WORKER_UNKILLABLE", severity=CRITICAL,
+            when=("nvml_workers_unkillable", "driver_known_bad"),
+            summary=UNKILLABLE_SUMMARY + "; driver {driver.version} is known-bad",
+            evidence=UNKILLABLE_EVIDENCE,
+            fix=PLAYBOOK_NVML + UPGRADE + " (the reboot ends the stuck processes)",
+        ),
+        Rule(
+            code="NVML_WORKER_UNKILLABLE", severity=CRITICAL, when=("nvml_workers_unkillable",),
+            summary=UNKILLABLE_SUMMARY,
+            evidence=UNKILLABLE_EVIDENCE,
+            fix="a call into the driver never returns and no signal can end the process: collect evidence "
+                "(ansible-playbook playbooks/collect_diagnostics.yml -l {target.node}; `dmesg -T` for XID "
+                "errors), then drain the node (kubectl drain {target.node} --ignore-daemonsets "
+                "--delete-emptydir-data) and reboot it; only the driver returning or a reboot ends them",
         ),
         Rule(
             code="NVML_HANG", severity=CRITICAL, when=("nvml_hung",), unless=("driver_known_bad",),
