@@ -137,6 +137,7 @@ def test_filter_refuses_pods_it_may_not_decide_for(api_server, case):
         res = bind(ext, body)
         assert want in res["Error"]
         assert decision_writes(api_server, before) == []
+        check_cluster(api_server, [app])
 
 
 def test_filter_reads_the_pod_from_the_api_not_from_the_body(api_server):
@@ -144,10 +145,11 @@ def test_filter_reads_the_pod_from_the_api_not_from_the_body(api_server):
     real = create(api_server, gpu_pod("p", mem=6000))
     body = copy.deepcopy(real)
     body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "100"  # lies
-    with extender(api_server) as (_app, ext):
+    with extender(api_server) as (app, ext):
         assert filter_(ext, body)["NodeNames"] == ["gpu-1"]
         ann = api_server.get("Pod", "default", "p")["metadata"]["annotations"]
         assert decode_pod_devices(ann[keys.DEVICES_ALLOCATED])[0][0].usedmem == 6000
+        check_cluster(api_server, [app])
 
 
 def test_bind_only_what_this_extender_decided(api_server):
@@ -155,7 +157,7 @@ def test_bind_only_what_this_extender_decided(api_server):
     api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
     api_server.create(gpu_node("gpu-2", gpus=1, mem=8000))
     p = create(api_server, gpu_pod("p", mem=1000))
-    with extender(api_server) as (_app, ext):
+    with extender(api_server) as (app, ext):
         res = bind(ext, p)  # never filtered
         assert "has no /filter decision of this extender" in res["Error"]
         assert "nothing written" in res["Error"]
@@ -174,6 +176,7 @@ def test_bind_only_what_this_extender_decided(api_server):
         assert got["spec"]["nodeName"] == chosen
         assert got["metadata"]["annotations"][keys.BIND_PHASE] == keys.BIND_PHASE_ALLOCATING
         assert "already bound" in bind(ext, p, chosen)["Error"]
+        check_cluster(api_server, [app])
 
 
 def test_forged_pending_pod_of_another_scheduler_holds_no_capacity(api_server):
