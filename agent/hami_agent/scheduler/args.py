@@ -71,10 +71,19 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
     if raw is not None:
         if not isinstance(raw, list):
             raise BadRequest(f"ExtenderArgs.NodeNames: must be a list of node names, got {_kind(raw)}")
-        for i, n in enumerate(raw):
-            if not isinstance(n, str) or not n:
-                raise BadRequest(f"ExtenderArgs.NodeNames[{i}]: must be a non-empty node name string, "
-                                 f"got {_kind(n)}")
+        # kube-scheduler sends every node name on every call (5,000 at 5,000 nodes): check them with C
+        # loops (str.join refuses any non-string; "in" finds an empty one; a third of a Python loop's
+        # cost) and walk the list in Python only to name the bad element
+        try:
+            "".join(raw)
+            bad = "" in raw
+        except TypeError:
+            bad = True
+        if bad:
+            for i, n in enumerate(raw):
+                if not isinstance(n, str) or not n:
+                    raise BadRequest(f"ExtenderArgs.NodeNames[{i}]: must be a non-empty node name string, "
+                                     f"got {_kind(n)}")
         return raw, None
     nodes = field_ci(args, "Nodes")
     if nodes is None:
