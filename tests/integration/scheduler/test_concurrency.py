@@ -45,10 +45,14 @@ def test_no_device_overcommitted_under_concurrency(api_server):
 
         report = check_cluster(api_server, [app])  # over-commits, bound elsewhere, locks, cache drift
 
-    bound = len(sim.bound)
+    bound = report.counts["bound"]  # the API's count: a bind answered with an error may still have
+    # been completed in the background (its answer was lost under load), so the simulator's own count
+    # can only be lower
     # ~218 pods fit by cores (100 GPUs x 100 cores, 37.5 cores per pod on average)
     assert bound >= 150, f"only {bound} pods bound in {elapsed:.1f}s"
-    assert report.counts["bound"] == bound and report.counts["gpus"] == 2 * N_NODES
+    api_bound = {f"default/{p['metadata']['name']}" for p in api_server.list("Pod", "default")
+                 if p["spec"].get("nodeName")}
+    assert set(sim.bound) <= api_bound and report.counts["gpus"] == 2 * N_NODES
     # an independent recount: every bound pod's devices exist on its node
     nodes = {n["metadata"]["name"]: {d.id for d in decode_node_devices(
         n["metadata"]["annotations"][keys.NODE_REGISTER])} for n in api_server.list("Node")}
