@@ -1,7 +1,8 @@
 """The extender's record of its own recent /filter decisions, which is what /bind trusts.
 
-kube-scheduler calls /bind right after /filter for the same pod (its binding cycle; permit plugins can
-delay it, for at most 15 minutes with the default waiting-pod timeout), so a record is kept for
+kube-scheduler calls /bind right after /filter for the same pod (its binding cycle; a permit plugin can
+delay it for at most 15 minutes: ``maxTimeout`` in kubernetes/kubernetes
+``pkg/scheduler/framework/runtime/framework.go``), so a record is kept for
 ``ttl_s`` (default 15 min) and at most ``max_entries`` records are kept (oldest dropped first): bounded
 memory whatever the request rate. A /bind that finds no record is refused and writes nothing.
 """

@@ -13,7 +13,7 @@ GPU). So the pod is read back:
 * the API still shows the resourceVersion we wrote against → the write may still be in flight: keep
   counting our reservation (over-counting is safe, under-counting is not) and let the ``Healer`` look
   again with backoff until the resourceVersion moves or ``settle_s`` (longer than kube-apiserver's
-  default 60 s request timeout) has passed;
+  ``--request-timeout``, default 1m0s, after which the server abandons a request) has passed;
 * the read itself fails → same as in flight.
 
 Every repair applies only while the cache still holds the assumption it was made for, so a late repair
