@@ -98,26 +98,49 @@ class ExtenderPool:
     """Several extender replicas behind one name, like a Kubernetes Service in front of a 2-replica
     Deployment: every request (each /filter and each /bind, separately) goes to the next replica in
     turn, so a pod's /filter and /bind usually reach different replicas. A replica that cannot be
-    reached fails that request (kube-scheduler retries the pod) and gets no requests for ``down_s``
-    (the Service drops an endpoint whose readiness probe fails)."""
+    reached fails that request (kube-scheduler retries the pod) and is taken out of the rotation until
+    its ``/readyz`` answers 200 again, probed at most every ``probe_s`` (the Service drops an endpoint
+    whose readiness probe fails and adds it back once the probe passes)."""
 
-    def __init__(self, urls: list[str], timeout_s: float = 30.0, down_s: float = 5.0) -> None:
+    def __init__(self, urls: list[str], timeout_s: float = 30.0, probe_s: float = 2.0) -> None:
+        self.urls = urls
         self.clients = [ExtenderClient(u, timeout_s) for u in urls]
-        self.down_s = down_s
-        self._down_until = [0.0] * len(urls)
+        self.probe_s = probe_s
+        self._down = [False] * len(urls)
+        self._next_probe = [0.0] * len(urls)
         self._next = 0
         self._lock = threading.Lock()
 
-    def post(self, verb: str, body: Any) -> Any:
+    def _ready(self, i: int) -> bool:
+        if not self._down[i]:
+            return True
         now = time.monotonic()
+        if now < self._next_probe[i]:
+            return False
+        self._next_probe[i] = now + self.probe_s
+        u = urlsplit(self.urls[i])
+        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        kw: dict = {"context": self.clients[i].ctx} if u.scheme == "https" else {}
+        conn = conn_cls(u.hostname or "127.0.0.1", u.port or 80, timeout=1.0, **kw)
+        try:
+            conn.request("GET", f"{u.path.rstrip('/')}/readyz")
+            self._down[i] = conn.getresponse().status != 200
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+        return not self._down[i]
+
+    def post(self, verb: str, body: Any) -> Any:
         with self._lock:
             order = [(self._next + i) % len(self.clients) for i in range(len(self.clients))]
             self._next += 1
-        i = next((j for j in order if self._down_until[j] <= now), order[0])
+        i = next((j for j in order if self._ready(j)), order[0])
         try:
             return self.clients[i].post(verb, body)
         except (OSError, http.client.HTTPException):
-            self._down_until[i] = time.monotonic() + self.down_s
+            self._down[i] = True
+            self._next_probe[i] = time.monotonic() + self.probe_s
             raise
 
     def close(self) -> None:
