@@ -5,7 +5,8 @@ directly in the usage cache (no API server: the cache is what /filter reads). Ea
 is a real HTTP POST of kube-scheduler's ExtenderArgs (the pod + every node name) to the real /filter
 handler over keep-alive, and every successful filter reserves the pod (so the cache keeps changing,
 as in production). The pod annotation patch is skipped (no API client): its cost is the API
-server's, not ours.
+server's, not ours. The extender takes the pod's state from its pending-pod informer (not from the
+request body), so every measured pod is in a dict behind a lock, as the informer's cache is.
 
 "bare" is the same HTTP server with a /filter that only parses the same body and answers the same
 result shape: the floor any extender pays. Figures are printed, never asserted.
@@ -20,6 +21,7 @@ import http.client
 import json
 import random
 import statistics
+import threading
 import time
 
 from hami_agent.scheduler.cache import UsageCache, collapse
@@ -113,18 +115,27 @@ def bench_size(n_nodes: int, n_requests: int, seed: int = 1) -> dict:
     cache = build_cache(n_nodes, rng)
     build_s = time.perf_counter() - t0
     settle_heap()  # what `hami-agent scheduler` does once its caches are synced
-    ext = Extender(cache, SchedulerConfig(event_nodes=0))
+    informer: dict[tuple[str, str], dict] = {}  # the pending-pod informer's cache, as the extender reads it
+    informer_lock = threading.RLock()
+
+    def cached_pod(ns: str, name: str) -> dict | None:
+        with informer_lock:
+            return informer.get((ns, name))
+
+    ext = Extender(cache, SchedulerConfig(event_nodes=0), cached_pods=cached_pod)
     ext.synced.set()
     srv = ExtenderHTTPServer(ext, None, port=0).start()
     bare = ExtenderHTTPServer(routes={"/filter": bare_filter}, port=0).start()
     names = sorted(cache.nodes)
     try:
         # warm-up: one request per shape fills the fit memo (a "cold" request fits every node)
-        warm = [json.dumps({"Pod": pod_json(-1 - k, s), "NodeNames": names}).encode()
-                for k, s in enumerate(SHAPES)]
+        warm_pods = [pod_json(-1 - k, s) for k, s in enumerate(SHAPES)]
+        pods = [pod_json(j, rng.choice(SHAPES)) for j in range(n_requests)]
+        for p in warm_pods + pods:
+            informer[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
+        warm = [json.dumps({"Pod": p, "NodeNames": names}).encode() for p in warm_pods]
         cold, _ = run_requests(srv.port, warm)
-        bodies = [json.dumps({"Pod": pod_json(j, rng.choice(SHAPES)), "NodeNames": names}).encode()
-                  for j in range(n_requests)]
+        bodies = [json.dumps({"Pod": p, "NodeNames": names}).encode() for p in pods]
         t1 = time.perf_counter()
         lat, _ = run_requests(srv.port, bodies[: len(bodies) // 2])
         wall = time.perf_counter() - t1  # throughput: filter calls back to back

@@ -19,7 +19,8 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
 Gaps: no kube-scheduler plugins (resources, affinity, taints...), no preemption, no prioritize calls,
 no scheduling queue semantics beyond per-pod backoff.
 
-Library: ``KubeSchedulerSim(client, extender_url).start()``; process:
+Library: ``KubeSchedulerSim(client, extender_url).start()`` (a list of URLs: replicas behind a
+Service, each request to the next one, see ``ExtenderPool``); process:
 ``python -m tests.sim.kube_scheduler --kubeconfig PATH --extender URL [--scheduler-name NAME]``.
 """
 
@@ -93,6 +94,60 @@ class ExtenderClient:
             self._conn = None
 
 
+class ExtenderPool:
+    """Several extender replicas behind one name, like a Kubernetes Service in front of a 2-replica
+    Deployment: every request (each /filter and each /bind, separately) goes to the next replica in
+    turn, so a pod's /filter and /bind usually reach different replicas. A replica that cannot be
+    reached fails that request (kube-scheduler retries the pod) and is taken out of the rotation until
+    its ``/readyz`` answers 200 again, probed at most every ``probe_s`` (the Service drops an endpoint
+    whose readiness probe fails and adds it back once the probe passes)."""
+
+    def __init__(self, urls: list[str], timeout_s: float = 30.0, probe_s: float = 2.0) -> None:
+        self.urls = urls
+        self.clients = [ExtenderClient(u, timeout_s) for u in urls]
+        self.probe_s = probe_s
+        self._down = [False] * len(urls)
+        self._next_probe = [0.0] * len(urls)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def _ready(self, i: int) -> bool:
+        if not self._down[i]:
+            return True
+        now = time.monotonic()
+        if now < self._next_probe[i]:
+            return False
+        self._next_probe[i] = now + self.probe_s
+        u = urlsplit(self.urls[i])
+        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        kw: dict = {"context": self.clients[i].ctx} if u.scheme == "https" else {}
+        conn = conn_cls(u.hostname or "127.0.0.1", u.port or 80, timeout=1.0, **kw)
+        try:
+            conn.request("GET", f"{u.path.rstrip('/')}/readyz")
+            self._down[i] = conn.getresponse().status != 200
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+        return not self._down[i]
+
+    def post(self, verb: str, body: Any) -> Any:
+        with self._lock:
+            order = [(self._next + i) % len(self.clients) for i in range(len(self.clients))]
+            self._next += 1
+        i = next((j for j in order if self._ready(j)), order[0])
+        try:
+            return self.clients[i].post(verb, body)
+        except (OSError, http.client.HTTPException):
+            self._down[i] = True
+            self._next_probe[i] = time.monotonic() + self.probe_s
+            raise
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
 def wants_extender(pod: dict, managed: tuple[str, ...] = MANAGED_RESOURCES) -> bool:
     spec = pod.get("spec") or {}
     for c in (*(spec.get("initContainers") or []), *(spec.get("containers") or [])):
@@ -132,7 +187,7 @@ def _get(obj: dict, name: str) -> Any:
 class KubeSchedulerSim:
     """SIMULATED kube-scheduler (see module docstring)."""
 
-    def __init__(self, client: Any, extender_url: str, scheduler_name: str = "hami-scheduler", *,
+    def __init__(self, client: Any, extender_url: str | list[str], scheduler_name: str = "hami-scheduler", *,
                  workers: int = 1, initial_backoff_s: float = 1.0, max_backoff_s: float = 10.0,
                  http_timeout_s: float = 30.0, post_events: bool = True) -> None:
         self.client = client
@@ -228,7 +283,9 @@ class KubeSchedulerSim:
             return None
 
     def _worker(self) -> None:
-        ext = ExtenderClient(self.extender_url, self.http_timeout_s)
+        urls = self.extender_url
+        ext: Any = (ExtenderPool(urls, self.http_timeout_s) if isinstance(urls, list)
+                    else ExtenderClient(urls, self.http_timeout_s))
         try:
             while not self._stop.is_set():
                 key = self._next()
@@ -266,7 +323,7 @@ class KubeSchedulerSim:
     def candidate_nodes(self) -> list[str]:
         return sorted(n["metadata"]["name"] for n in self.node_informer.list() if node_ready(n))
 
-    def schedule_one(self, pod: dict, ext: ExtenderClient) -> bool:
+    def schedule_one(self, pod: dict, ext: ExtenderClient | ExtenderPool) -> bool:
         md = pod["metadata"]
         ns, name = md.get("namespace", "default"), md["name"]
         names = self.candidate_nodes()

@@ -7,7 +7,11 @@
   diffed against the cache so handlers see the adds, updates and deletes they missed;
 * every ``resync_s`` the cached objects are re-delivered to ``on_update(old, new)`` with old is new,
   so level-triggered consumers converge even if they dropped an event;
-* the cache is safe to read from any thread; handlers run on the informer's threads, one at a time.
+* the cache is safe to read from any thread; handlers run on the informer's threads, one at a time;
+* ``relist(timeout)`` makes the informer list again *now* and waits until its handlers have seen that
+  list: a consumer that must not act on a lagging cache (a scheduler that just became leader) gets a
+  view at least as new as the moment it asked, delivered in order (the watch then continues from the
+  list's resourceVersion, so no older event can arrive afterwards).
 
 Objects are the API's JSON dicts; treat what ``list()``/``get()`` return as read-only.
 """
@@ -75,6 +79,9 @@ class Informer:
         self._stream: WatchStream | None = None
         self._threads: list[threading.Thread] = []
         self.resource_version = ""
+        self._relist_cond = threading.Condition()
+        self._relist_wanted = 0  # generation of the latest relist() request
+        self._relist_done = 0  # newest request generation a completed list started after
         self.last_error: str | None = None
         self.relists = 0
         self.watch_restarts = 0
@@ -106,6 +113,8 @@ class Informer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        with self._relist_cond:
+            self._relist_cond.notify_all()
         stream = self._stream
         if stream is not None:
             stream.close()
@@ -119,6 +128,21 @@ class Informer:
     @property
     def synced(self) -> bool:
         return self._synced.is_set()
+
+    def relist(self, timeout: float) -> bool:
+        """List again now and wait until the handlers saw the result. True when done in time."""
+        with self._relist_cond:
+            self._relist_wanted += 1
+            want = self._relist_wanted
+        stream = self._stream
+        if stream is not None:
+            stream.close()  # ends the blocked watch read; the run loop then relists
+        with self._relist_cond:
+            return self._relist_cond.wait_for(lambda: self._relist_done >= want or self._stop.is_set(),
+                                              timeout) and self._relist_done >= want
+
+    def _relist_pending(self) -> bool:
+        return self._relist_wanted > self._relist_done
 
     def list(self) -> list[Obj]:
         with self._cache_lock:
@@ -137,11 +161,13 @@ class Informer:
         need_list = True
         while not self._stop.is_set():
             try:
-                if need_list:
+                if need_list or self._relist_pending():
                     self._relist()
                     need_list = False
                 started = time.monotonic()
                 delivered = self._watch_once()
+                if self._relist_pending():
+                    continue  # relist() closed the watch on purpose: no backoff
                 if delivered or time.monotonic() - started >= 1.0:
                     self._backoff.reset()
                 else:
@@ -164,6 +190,8 @@ class Informer:
                 self._stop.wait(delay)
 
     def _relist(self) -> None:
+        with self._relist_cond:
+            gen = self._relist_wanted  # requests made before this LIST are answered by it
         items, rv = self._client.list(self.kind, self.namespace, self.label_selector, self.field_selector)
         self.relists += 1
         fresh = {object_key(o): o for o in items}
@@ -182,6 +210,9 @@ class Informer:
             for o in deleted:
                 self._fire("delete", o)
         self.last_error = None
+        with self._relist_cond:
+            self._relist_done = max(self._relist_done, gen)
+            self._relist_cond.notify_all()
         if not self._synced.is_set():
             log.v(logger, 4, "informer for %s synced: %d objects at resourceVersion %s", self.kind,
                   len(fresh), rv)
@@ -196,7 +227,7 @@ class Informer:
         self.watch_restarts += 1
         delivered = 0
         try:
-            if self._stop.is_set():
+            if self._stop.is_set() or self._relist_pending():
                 return delivered
             for type_, obj in stream:
                 if self._stop.is_set():

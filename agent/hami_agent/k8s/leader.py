@@ -9,6 +9,16 @@
 * The leader renews every ``retry_period_s``; if it cannot renew for ``renew_deadline_s`` it steps down
   (``on_stopped_leading``) before anyone else may take over (lease duration > renew deadline).
 * ``stop()`` releases the Lease (empty holder, duration 1 s) so a successor takes over at once.
+* **Fencing**: ``lease_valid()`` is true only until ``renew_deadline_s`` after the *start* of the last
+  successful renew, on this process's monotonic clock. Another candidate can take over only
+  ``lease_duration_s`` after it saw that renew, which it saw after we sent it; so a leader that checks
+  ``lease_valid()`` before each write stops writing at least ``lease_duration_s - renew_deadline_s``
+  before anyone else can lead, even when its own renew loop is stuck (a deposed leader that has not
+  noticed yet). Writes that could still be in flight across that margin must be conditional
+  (resourceVersion preconditions) — the elector cannot fence those by itself.
+* ``annotations`` are written on the Lease with every acquire and renew, in the same conditional update
+  as the holder, so a reader always sees them together with the holder that wrote them (the scheduler
+  publishes its extender URL this way: followers forward to the leader).
 
 Defaults are client-go's / kube-scheduler's: lease 15 s, renew deadline 10 s, retry 2 s.
 """
@@ -45,7 +55,8 @@ class LeaderElector:
                  on_started_leading: Callable[[], None] | None = None,
                  on_stopped_leading: Callable[[], None] | None = None,
                  on_new_leader: Callable[[str], None] | None = None,
-                 release_on_stop: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 release_on_stop: bool = True, clock: Callable[[], float] = time.monotonic,
+                 annotations: dict[str, str] | None = None) -> None:
         if not lease_duration_s > renew_deadline_s > retry_period_s * JITTER:
             raise ValueError("leader election needs lease_duration_s > renew_deadline_s > "
                              f"retry_period_s*{JITTER} (got {lease_duration_s}, {renew_deadline_s}, "
@@ -72,7 +83,12 @@ class LeaderElector:
         self._observed_duration_s = lease_duration_s
         self._observed_transitions = 0
         self._last_renew = 0.0
+        self._valid_until = 0.0  # fencing deadline (monotonic): see lease_valid()
+        # The Lease carries whole seconds: never trust our writes longer than what others will wait.
+        self._fence_s = min(renew_deadline_s, float(max(1, round(lease_duration_s))))
         self._leader = ""
+        self.annotations = dict(annotations or {})
+        self._leader_record: tuple[str, dict[str, str]] = ("", {})  # (holder, its Lease annotations)
         self._rng = random.Random()
 
     # -- public API
@@ -96,6 +112,17 @@ class LeaderElector:
         """Identity of the current holder as last observed ("" when unknown or released)."""
         return self._leader
 
+    def lease_valid(self) -> bool:
+        """True while this candidate leads *and* its last successful renew started less than
+        ``renew_deadline_s`` ago (monotonic clock). Check it right before every write a leader makes."""
+        return self._leading.is_set() and self._clock() < self._valid_until
+
+    def leader_annotation(self, key: str) -> str | None:
+        """Annotation ``key`` of the Lease as written by its current holder (None when there is no
+        holder or it did not write one). Holder and annotations come from the same read of the Lease."""
+        holder, ann = self._leader_record
+        return ann.get(key) if holder else None
+
     def wait_for_leadership(self, timeout: float) -> bool:
         return self._leading.wait(timeout)
 
@@ -104,10 +131,12 @@ class LeaderElector:
         try:
             while not self._stop.is_set():
                 if self.is_leader():
+                    started = self._clock()
                     ok = self._try_acquire_or_renew()
                     now = self._clock()
                     if ok:
                         self._last_renew = now
+                        self._valid_until = started + self._fence_s
                     elif now - self._last_renew >= self.renew_deadline_s:
                         logger.error("failed to renew lease %s/%s: timed out after %.1fs; stepping down",
                                      self.namespace, self.name, now - self._last_renew)
@@ -115,8 +144,10 @@ class LeaderElector:
                         continue
                     self._stop.wait(self.retry_period_s)
                 else:
+                    started = self._clock()
                     if self._try_acquire_or_renew():
                         self._last_renew = self._clock()
+                        self._valid_until = started + self._fence_s
                         logger.info("successfully acquired lease %s/%s as %s", self.namespace, self.name,
                                     self.identity)
                         self._leading.set()
@@ -146,8 +177,9 @@ class LeaderElector:
         return {"holderIdentity": holder, "leaseDurationSeconds": duration_s, "acquireTime": acquire,
                 "renewTime": renew, "leaseTransitions": transitions}
 
-    def _observe(self, spec: Obj) -> None:
+    def _observe(self, spec: Obj, meta: Obj | None = None) -> None:
         holder = spec.get("holderIdentity") or ""
+        self._leader_record = (holder, dict((meta or {}).get("annotations") or {}))
         key = (holder, str(spec.get("renewTime") or ""))
         if key != self._observed:
             self._observed = key
@@ -171,21 +203,23 @@ class LeaderElector:
         try:
             lease = self._client.get_lease(self.namespace, self.name)
         except NotFoundError:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+            meta: Obj = {"name": self.name, "namespace": self.namespace}
+            if self.annotations:
+                meta["annotations"] = dict(self.annotations)
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                     "spec": self._record(self.identity, now, now, 0, self._lease_seconds())}
             try:
                 created = self._client.create("leases", body, self.namespace)
             except KubeError as e:
                 log.v(logger, 4, "cannot create lease %s/%s: %s", self.namespace, self.name, e)
                 return False
-            self._observe(created.get("spec") or {})
+            self._observe(created.get("spec") or {}, created.get("metadata"))
             return True
         except KubeError as e:
             logger.warning("error retrieving lease %s/%s: %s", self.namespace, self.name, e)
             return False
         spec = lease.get("spec") or {}
-        self._observe(spec)
+        self._observe(spec, lease.get("metadata"))
         holder = spec.get("holderIdentity") or ""
         i_hold = holder == self.identity
         if holder and not i_hold and self._clock() < self._observed_at + self._observed_duration_s:
@@ -197,6 +231,10 @@ class LeaderElector:
             acquire = now
         new = dict(lease)
         new["metadata"] = dict(lease.get("metadata") or {})  # carries resourceVersion → conditional
+        if self.annotations:
+            ann = dict(new["metadata"].get("annotations") or {})
+            ann.update(self.annotations)
+            new["metadata"]["annotations"] = ann
         new["spec"] = self._record(self.identity, acquire, now, transitions, self._lease_seconds())
         try:
             updated = self._client.replace("leases", new)
@@ -206,7 +244,7 @@ class LeaderElector:
         except KubeError as e:
             logger.warning("failed to update lease %s/%s: %s", self.namespace, self.name, e)
             return False
-        self._observe(updated.get("spec") or {})
+        self._observe(updated.get("spec") or {}, updated.get("metadata"))
         return True
 
     def _release(self) -> None:

@@ -11,6 +11,11 @@ the lock's owner and releases it after Allocate. Compatible with HAMi's value an
 * a lock older than the expiry (default 5 min), or one whose owner pod is gone (NotFound), is taken over
   — in one conditional patch, so there is no window where a third party could slip in between a
   release and a set (HAMi does release + set as two writes);
+* so is a lock whose owner provably no longer needs it (deliberate difference from HAMi, so a lock whose
+  release failed heals at the next bind instead of blocking the node until expiry): the owner is bound
+  to *another* node, has finished (Succeeded/Failed), or is bound to this node with its Allocate done
+  (``hami.io/bind-phase`` ``success``/``failed``). An owner that is still pending is never taken over: it
+  may be between its lock and its binding;
 * a busy node gives exactly HAMi's ``node <n> has been locked within 5m0s: node lock contention``;
 * release removes the annotation only when its ``,<ns>,<pod>`` owner suffix matches.
 """
@@ -60,15 +65,16 @@ def _rv(node: dict) -> str:
 
 def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
               expiry_s: float = DEFAULT_EXPIRY_S, *, now: Callable[[], datetime] | None = None,
-              backoff: Backoff | None = None) -> None:
-    """Take the node lock for pod ``namespace/pod_name``; raise ``NodeLockError`` if the node is busy
-    (or conflicts persist through the backoff). ``KubeError`` propagates for API failures."""
+              backoff: Backoff | None = None) -> str:
+    """Take the node lock for pod ``namespace/pod_name`` and return the lock value now on the node;
+    raise ``NodeLockError`` if the node is busy (or conflicts persist through the backoff).
+    ``KubeError`` propagates for API failures (after a timeout the lock may or may not be set: the
+    caller reads it back, e.g. with :func:`release_node_lock`, which only removes its owner's lock)."""
     clock = now or (lambda: datetime.now(timezone.utc))
     bo = backoff or hami_nodelock_backoff()
     while True:
         try:
-            _try_lock(client, node_name, namespace, pod_name, expiry_s, clock)
-            return
+            return _try_lock(client, node_name, namespace, pod_name, expiry_s, clock)
         except ConflictError as e:
             if bo.exhausted:
                 raise NodeLockError(f"node {node_name} lock failed after {bo.steps} retries: {e}",
@@ -79,7 +85,7 @@ def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
 
 
 def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, expiry_s: float,  # noqa: PLR0917
-              clock: Callable[[], datetime]) -> None:
+              clock: Callable[[], datetime]) -> str:
     node = client.get_node(node_name)
     current = _lock_annotation(node)
     now = clock()
@@ -95,39 +101,68 @@ def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str,
         if held is not None:
             if held.owned_by(namespace, pod_name):
                 log.v(logger, 4, "node %s already locked by %s/%s", node_name, namespace, pod_name)
-                return
-            if held.expired(now, timedelta(seconds=expiry_s)):
+                return current
+            expired = held.expired(now, timedelta(seconds=expiry_s))
+            stale = owner_done(client, held.namespace, held.name, node_name) if (
+                held.has_owner and not expired) else ""
+            if expired:
                 logger.info("Node lock expired: node=%s lockTime=%s timeout=%s; releasing and taking over",
                             node_name, held.when.isoformat(), format_go_duration(expiry_s))
-            elif held.has_owner and _pod_gone(client, held.namespace, held.name):
+            elif stale == OWNER_GONE:
                 logger.info("Previous pod of NodeLock not found, releasing lock: node=%s pod=%s/%s",
                             node_name, held.namespace, held.name)
+            elif stale:
+                logger.info("Previous pod of NodeLock no longer needs it (%s), releasing lock: node=%s "
+                            "pod=%s/%s", stale, node_name, held.namespace, held.name)
             else:
                 owner = f"{held.namespace}/{held.name}" if held.has_owner else ""
                 raise NodeLockError(contention_message(node_name, expiry_s), node_name, owner)
     value = format_lock_value(now, namespace, pod_name)
     client.patch_node_annotations(node_name, {keys.NODE_LOCK: value}, resource_version=_rv(node))
     log.v(logger, 3, "node %s locked for pod %s/%s", node_name, namespace, pod_name)
+    return value
 
 
-def _pod_gone(client: KubeClient, namespace: str, name: str) -> bool:
+OWNER_GONE = "owner pod not found"
+
+
+def owner_done(client: KubeClient, namespace: str, name: str, node_name: str) -> str:
+    """Why the lock owner ``namespace/name`` provably no longer needs node ``node_name``'s lock, or ""
+    when it may still need it (pending: between its lock and its binding; or bound here and not yet
+    allocated). API errors other than NotFound propagate: an unknown owner is never judged stale."""
     try:
-        client.get_pod(namespace, name)
+        pod = client.get_pod(namespace, name)
     except NotFoundError:
-        return True
-    return False
+        return OWNER_GONE
+    bound = (pod.get("spec") or {}).get("nodeName") or ""
+    phase = (pod.get("status") or {}).get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return f"owner pod {phase}"
+    if bound and bound != node_name:
+        return f"owner pod bound to node {bound}"
+    bind_phase = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.BIND_PHASE)
+    if bound == node_name and bind_phase in (keys.BIND_PHASE_SUCCESS, keys.BIND_PHASE_FAILED):
+        return f"owner pod allocated ({keys.BIND_PHASE}={bind_phase})"
+    return ""
 
 
 def release_node_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, *,
-                      force: bool = False, backoff: Backoff | None = None) -> bool:
+                      force: bool = False, backoff: Backoff | None = None,
+                      expected: str | None = None) -> bool:
     """Remove the lock if pod ``namespace/pod_name`` holds it. Returns True when removed, False when
-    there was no lock. A lock held by another pod raises ``NodeLockError`` (unless ``force``)."""
+    there was no lock. A lock held by another pod raises ``NodeLockError`` (unless ``force``).
+    ``expected``: release only that exact value (a lock the same pod took again later is left alone:
+    returns False)."""
     bo = backoff or hami_nodelock_backoff()
     while True:
         node = client.get_node(node_name)
         current = _lock_annotation(node)
         if not current:
             log.v(logger, 4, "node %s has no lock to release", node_name)
+            return False
+        if expected is not None and current != expected and current.endswith(f",{namespace},{pod_name}"):
+            log.v(logger, 4, "node %s lock %r is a newer lock of %s/%s, not %r: left alone", node_name,
+                  current, namespace, pod_name, expected)
             return False
         if not force and not current.endswith(f",{namespace},{pod_name}"):
             owner = _owner_of(current)
@@ -155,5 +190,5 @@ def read_node_lock(node: dict) -> NodeLockValue | None:
     return parse_lock_value(value) if value else None
 
 
-__all__ = ["CONTENTION", "DEFAULT_EXPIRY_S", "NodeLockError", "contention_message", "lock_node",
-           "read_node_lock", "release_node_lock"]
+__all__ = ["CONTENTION", "DEFAULT_EXPIRY_S", "OWNER_GONE", "NodeLockError", "contention_message", "lock_node",
+           "owner_done", "read_node_lock", "release_node_lock"]

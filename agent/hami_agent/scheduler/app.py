@@ -12,12 +12,22 @@ from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.events import EventSink
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.gctune import settle_heap
+from hami_agent.scheduler.heal import Healer
+from hami_agent.scheduler.leadership import (
+    URL_ANNOTATION,
+    Forwarder,
+    ForwardSettings,
+    LeaderGate,
+    default_advertise_url,
+)
 from hami_agent.scheduler.metrics import SchedulerMetrics
 from hami_agent.scheduler.server import ExtenderHTTPServer
 from hami_agent.scheduler.sync import ClusterSync
 from hami_agent.scheduler.webhook import Webhook, quota_left_fn
 
 logger = logging.getLogger(__name__)
+
+AUDIT_INTERVAL_S = 60.0  # how often unconfirmed cache assumptions are checked against the API
 
 
 class SchedulerApp:
@@ -27,26 +37,41 @@ class SchedulerApp:
                  lease_name: str = "hami-scheduler", profiling: bool = False, max_body: int = 1 << 20,
                  metrics_bind: tuple[str, int] | None = None, register_interval_s: float = 15.0,
                  node_label_selector: str | None = None, leader_kwargs: dict | None = None,
-                 tune_gc: bool = False) -> None:
+                 tune_gc: bool = False, advertise_url: str | None = None,
+                 forward: ForwardSettings | None = None, audit_interval_s: float = AUDIT_INTERVAL_S) -> None:
         self.client = client
         self.config = config or SchedulerConfig()
         self.cache = UsageCache()
         self.metrics = SchedulerMetrics(self.cache)
         self.events = EventSink(client, self.config.scheduler_name)
-        self.extender = Extender(self.cache, self.config, client, self.events, self.metrics)
+        self.healer = Healer()
         self.elector = None
+        self.gate = LeaderGate()
+        self.audit_interval_s = audit_interval_s
         if leader_elect:
             from hami_agent.k8s.leader import LeaderElector
 
-            self.elector = LeaderElector(client, lease_namespace, lease_name, **(leader_kwargs or {}))
-        self.sync = ClusterSync(client, self.cache, self.config.names, is_leader=self.is_leader,
-                                interval_s=register_interval_s, node_label_selector=node_label_selector)
+            kw = dict(leader_kwargs or {})
+            self.elector = LeaderElector(client, lease_namespace, lease_name,
+                                         on_started_leading=self.gate.started_leading,
+                                         on_stopped_leading=self.gate.stopped_leading, **kw)
+            self.gate.attach(self.elector, Forwarder(forward))
+        self.sync = ClusterSync(client, self.cache, self.config.names, is_leader=self.gate.lease_valid,
+                                interval_s=register_interval_s, node_label_selector=node_label_selector,
+                                scheduler_name=self.config.scheduler_name)
+        self.gate.relist = self.sync.relist_pods  # a new leader relists before its first decision
+        self.extender = Extender(self.cache, self.config, client, self.events, self.metrics,
+                                 cached_pods=self.sync.pending_pod, gate=self.gate, healer=self.healer)
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),
                                namespace_labels=self._namespace_labels)
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
                                          cert_file=cert_file, key_file=key_file,
                                          registry=self.metrics.registry, ready=self.ready,
                                          profiling_enabled=profiling, max_body=max_body, metrics=self.metrics)
+        self.advertise_url = advertise_url or default_advertise_url(host, self.server.port, bool(cert_file))
+        if self.elector is not None:  # followers forward /filter and /bind to this URL while we lead
+            self.elector.annotations[URL_ANNOTATION] = self.advertise_url
+        self.gate.on_ready(lambda: self.healer.submit("audit-now", self._audit_once))
         self.metrics_bind = metrics_bind
         self.tune_gc = tune_gc  # process-wide GC settings: the cmd (own process) turns it on, tests do not
         self._metrics_server: Any = None
@@ -60,10 +85,11 @@ class SchedulerApp:
         return cls(KubeClient.from_kubeconfig(kubeconfig), config, **kw)
 
     def is_leader(self) -> bool:
-        return self.elector is None or self.elector.is_leader()
+        return self.gate.is_leader()
 
     def ready(self) -> bool:
-        return self.sync.synced() and self.is_leader()
+        """Synced, and able to answer: the leader with relisted caches, or a follower that can forward."""
+        return self.sync.synced() and (self.gate.wait_ready(0) or self.gate.can_forward())
 
     def _namespace_labels(self, ns: str) -> dict:
         obj = self.client.get("namespaces", ns)
@@ -71,9 +97,12 @@ class SchedulerApp:
 
     def start(self) -> SchedulerApp:
         self.events.start()
+        self.healer.start()
+        self.healer.submit("audit", self._audit, delay_s=self.audit_interval_s, deadline_s=1e12,
+                           periodic=True)
+        self.sync.start()
         if self.elector is not None:
             self.elector.start()
-        self.sync.start()
         self._sync_waiter = threading.Thread(target=self._await_sync, name="cache-sync", daemon=True)
         self._sync_waiter.start()
         self.server.start()
@@ -83,6 +112,17 @@ class SchedulerApp:
             host, port = self.metrics_bind
             self._metrics_server, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
         return self
+
+    def _audit(self) -> float:
+        self._audit_once()
+        return self.audit_interval_s
+
+    def _audit_once(self) -> None:
+        """Leader only: re-read cache assumptions the informer never confirmed, and release node locks
+        whose owner no longer needs them (e.g. left by a previous leader that died mid-bind)."""
+        if self.gate.lease_valid() and self.sync.node_informer is not None:
+            self.extender.reconciler.audit()
+            self.extender.binder.audit_locks(self.sync.node_informer.list())
 
     def _await_sync(self) -> None:
         while not self.sync.wait_synced(5.0):
@@ -102,9 +142,12 @@ class SchedulerApp:
     def stop(self) -> None:
         self._stopped.set()
         self.server.stop()
-        self.sync.stop()
         if self.elector is not None:
             self.elector.stop()
+        self.sync.stop()
+        self.healer.stop()
         self.events.stop()
+        if self.gate.forwarder is not None:
+            self.gate.forwarder.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

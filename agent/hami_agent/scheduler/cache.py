@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -69,6 +70,15 @@ class _Memo:
             self.ok.add(name)
 
 
+Signature = tuple[str, str, str]  # a pod's (vgpu-node, vgpu-devices-allocated, vgpu-time) annotations
+
+
+@dataclass(frozen=True)
+class Assumption:
+    signature: Signature | None  # the annotations that confirm it (None: "no assignment")
+    expires: float  # monotonic time after which the owner re-reads the truth
+
+
 @dataclass
 class Decision:
     """Outcome of one filter evaluation."""
@@ -90,6 +100,7 @@ class UsageCache:
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodUsage] = {}
         self._pods_by_node: dict[str, set[str]] = {}
+        self._assumed: dict[str, Assumption] = {}
         self._ns_usage: dict[str, list[int]] = {}
         self._memo: OrderedDict[tuple, _Memo] = OrderedDict()
         self._memo_shapes = memo_shapes
@@ -132,15 +143,122 @@ class UsageCache:
             m.dirty.add(st.name)
 
     # ------------------------------------------------------------------------------------- pods
+    # Two sources write a pod's usage, and they can disagree for a while:
+    # * the informer (``observe``/``observe_gone``): the API's truth, in order, but late;
+    # * /filter (``assume``): a reservation made before its annotation write is seen — or even known to
+    #   have happened (the answer may be lost).
+    # As in kube-scheduler's assume cache, an assumption wins over what the informer says until the
+    # informer shows the annotations the assumption expects (its ``signature``): a lagging event never
+    # drops a reservation (no under-count), and a write whose answer was lost stays counted until the
+    # truth is known. /filter replaces an assumption with the API's truth once it has read it back.
     def add_pod(self, pod: PodUsage) -> None:
-        """Add or replace (same UID) a pod's usage."""
+        """Add or replace (same UID) a pod's usage, bypassing assumptions (tests, benchmarks)."""
         with self.lock:
-            old = self.pods.get(pod.uid)
-            if old is not None and (old.node, old.devices, old.mig) == (pod.node, pod.devices, pod.mig):
-                return  # informer echo of our own reservation: nothing changed
-            self.remove_pod(pod.uid)
-            self.pods[pod.uid] = pod
-            self._pods_by_node.setdefault(pod.node, set()).add(pod.uid)
+            self._set(pod.uid, pod)
+
+    def remove_pod(self, uid: str) -> PodUsage | None:
+        """Remove a pod's usage (and any assumption about it); returns what was counted."""
+        with self.lock:
+            self._assumed.pop(uid, None)
+            return self._set(uid, None)
+
+    def observe(self, uid: str, usage: PodUsage | None, signature: Signature | None) -> None:
+        """The informer's view of a pod: its countable usage (None: counts nothing) and the signature
+        of its scheduler annotations. Ignored while an assumption waits for a different signature."""
+        with self.lock:
+            a = self._assumed.get(uid)
+            if a is not None:
+                if a.signature != signature:
+                    return
+                del self._assumed[uid]  # confirmed: from now on the informer is the truth
+            self._set(uid, usage)
+
+    def observe_gone(self, uid: str) -> None:
+        """The pod was deleted or has finished: it counts nothing, whatever was assumed."""
+        self.remove_pod(uid)
+
+    def assume(self, uid: str, usage: PodUsage | None, signature: Signature | None,
+               ttl_s: float = 300.0, now: float | None = None) -> None:
+        """Count ``usage`` for the pod until the informer shows ``signature`` (then the informer's view
+        takes over) or another assumption replaces it. ``ttl_s``: after that, :meth:`stale_assumptions`
+        lists it so the owner re-reads the truth (an informer that skipped the state cannot confirm it)."""
+        with self.lock:
+            t = time.monotonic() if now is None else now
+            self._assumed[uid] = Assumption(signature, t + ttl_s)
+            self._set(uid, usage)
+
+    def replace_assumption(self, uid: str, expect: Signature | None, usage: PodUsage | None,
+                           signature: Signature | None, ttl_s: float = 300.0) -> bool:
+        """:meth:`assume`, but only while the pod's current assumption still waits for ``expect``
+        (a repair that ran late must not overwrite a newer decision). True when applied."""
+        with self.lock:
+            a = self._assumed.get(uid)
+            if a is None or a.signature != expect:
+                return False
+            self.assume(uid, usage, signature, ttl_s)
+            return True
+
+    def settle(self, uid: str, expect: Signature | None, usage: PodUsage | None) -> bool:
+        """End the pod's assumption (if it still waits for ``expect``) and count ``usage``, read from
+        the API: from now on the informer's events apply directly."""
+        with self.lock:
+            a = self._assumed.get(uid)
+            if a is None or a.signature != expect:
+                return False
+            del self._assumed[uid]
+            self._set(uid, usage)
+            return True
+
+    def drop_assumption(self, uid: str, expect: Signature | None) -> bool:
+        """Forget the pod entirely (deleted/replaced) if its assumption still waits for ``expect``."""
+        with self.lock:
+            a = self._assumed.get(uid)
+            if a is None or a.signature != expect:
+                return False
+            self.remove_pod(uid)
+            return True
+
+    def assumption(self, uid: str) -> Assumption | None:
+        with self.lock:
+            return self._assumed.get(uid)
+
+    def stale_assumptions(self, now: float | None = None) -> list[str]:
+        t = time.monotonic() if now is None else now
+        with self.lock:
+            return [uid for uid, a in self._assumed.items() if a.expires <= t]
+
+    def exclude(self, uid: str) -> PodUsage | None:
+        """Take a pod's usage off its node (for a /filter retry of that pod) without forgetting any
+        assumption; give it back with :meth:`restore` or replace it with :meth:`assume`. Call under
+        ``lock`` together with the decision."""
+        with self.lock:
+            return self._set(uid, None)
+
+    def restore(self, uid: str, usage: PodUsage | None) -> None:
+        with self.lock:
+            self._set(uid, usage)
+
+    def _set(self, uid: str, pod: PodUsage | None) -> PodUsage | None:
+        """Make ``pod`` the counted usage of ``uid`` (None: nothing); returns the previous one."""
+        old = self.pods.get(uid)
+        if pod is not None and old is not None and (old.node, old.devices, old.mig) == (
+                pod.node, pod.devices, pod.mig):
+            return old  # informer echo of our own reservation: nothing changed
+        if old is not None:
+            del self.pods[uid]
+            self._pods_by_node.get(old.node, set()).discard(uid)
+            ns = self._ns_usage.get(old.namespace)
+            if ns is not None:
+                for a in old.devices.values():
+                    ns[0] -= a.mem
+                    ns[1] -= a.cores
+            st = self.nodes.get(old.node)
+            if st is not None:
+                self._apply(st, old, -1)
+                self._touch(st)
+        if pod is not None:
+            self.pods[uid] = pod
+            self._pods_by_node.setdefault(pod.node, set()).add(uid)
             ns = self._ns_usage.setdefault(pod.namespace, [0, 0])
             for a in pod.devices.values():
                 ns[0] += a.mem
@@ -149,23 +267,7 @@ class UsageCache:
             if st is not None:
                 self._apply(st, pod, +1)
                 self._touch(st)
-
-    def remove_pod(self, uid: str) -> PodUsage | None:
-        with self.lock:
-            pod = self.pods.pop(uid, None)
-            if pod is None:
-                return None
-            self._pods_by_node.get(pod.node, set()).discard(uid)
-            ns = self._ns_usage.get(pod.namespace)
-            if ns is not None:
-                for a in pod.devices.values():
-                    ns[0] -= a.mem
-                    ns[1] -= a.cores
-            st = self.nodes.get(pod.node)
-            if st is not None:
-                self._apply(st, pod, -1)
-                self._touch(st)
-            return pod
+        return old
 
     def namespace_usage(self, namespace: str) -> tuple[int, int]:
         with self.lock:

@@ -46,6 +46,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leader-elect", action="store_true", help="run leader election on a Lease")
     p.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
     p.add_argument("--leader-elect-name", default="hami-scheduler", help="Lease name")
+    # kube-scheduler's flag names and defaults; failover after a crash takes about the lease duration
+    p.add_argument("--leader-elect-lease-duration", type=parse_duration, default=15.0,
+                   help="how long followers wait after the last renewal before taking over (default 15s)")
+    p.add_argument("--leader-elect-renew-deadline", type=parse_duration, default=10.0,
+                   help="the leader stops writing (fencing) and steps down when it could not renew for "
+                        "this long (default 10s; must be below the lease duration)")
+    p.add_argument("--leader-elect-retry-period", type=parse_duration, default=2.0,
+                   help="how often the Lease is renewed or tried (default 2s)")
+    p.add_argument("--advertise-url", default="",
+                   help="URL where the other replicas reach this one's /filter and /bind while it leads "
+                        "(followers forward to it); default <scheme>://<bind host or FQDN>:<port>")
+    p.add_argument("--forward-ca-file", default="",
+                   help="CA that signed the other replicas' serving certificates (forwarding; default: the "
+                        "system trust store)")
+    p.add_argument("--forward-cert-file", default="",
+                   help="client certificate presented when forwarding to the leader (mTLS extenders)")
+    p.add_argument("--forward-key-file", default="", help="key of --forward-cert-file")
     p.add_argument("--node-lock-timeout", type=parse_duration,
                    default=parse_duration(os.environ.get("HAMI_NODELOCK_EXPIRE", "5m")),
                    help="node lock expiry (Go duration; env HAMI_NODELOCK_EXPIRE; default 5m)")
@@ -98,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from hami_agent.scheduler.app import SchedulerApp
+    from hami_agent.scheduler.leadership import ForwardSettings
     from hami_agent.scheduler.server import parse_bind
 
     logger = logging.getLogger("hami_agent.scheduler")
@@ -105,6 +123,19 @@ def run(args: argparse.Namespace) -> int:
         host, port = parse_bind(args.bind_address, default_host="0.0.0.0")
         mhost_port = parse_bind(args.metrics_bind) if args.metrics_bind else None
         cfg = build_config(args)
+        leader_kwargs = {"lease_duration_s": args.leader_elect_lease_duration,
+                         "renew_deadline_s": args.leader_elect_renew_deadline,
+                         "retry_period_s": args.leader_elect_retry_period}
+        if args.leader_elect:
+            from hami_agent.k8s.leader import JITTER
+
+            if not leader_kwargs["lease_duration_s"] > leader_kwargs["renew_deadline_s"] > (
+                    leader_kwargs["retry_period_s"] * JITTER):
+                raise ValueError("--leader-elect-lease-duration must exceed --leader-elect-renew-deadline, "
+                                 f"which must exceed {JITTER} x --leader-elect-retry-period")
+        forward = ForwardSettings(ca_file=args.forward_ca_file or None,
+                                  cert_file=args.forward_cert_file or None,
+                                  key_file=args.forward_key_file or None)
     except (ValueError, OSError) as exc:
         logger.error("bad flags: %s", exc)
         return 2
@@ -118,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
             lease_namespace=args.leader_elect_namespace, lease_name=args.leader_elect_name,
             profiling=args.profiling, max_body=args.max_body_bytes, metrics_bind=mhost_port,
             register_interval_s=args.register_interval, node_label_selector=args.node_label_selector,
-            tune_gc=True)
+            tune_gc=True, leader_kwargs=leader_kwargs, advertise_url=args.advertise_url or None,
+            forward=forward)
         app.start()
     except Exception as exc:
         logger.error("scheduler failed to start: %s", exc)

@@ -1,5 +1,14 @@
-"""/filter and /bind (reference §4.3-4.6): request parsing, the cache decision, pod annotations,
-node lock, binding and events. HTTP-free: ``server`` maps routes onto these methods."""
+"""/filter and /bind (reference §4.3-4.6): what the extender may decide for, the cache decision, the
+pod's annotations and the read-back of writes whose answer was lost. HTTP-free: ``server`` maps routes
+onto these methods; ``binder`` does /bind.
+
+What /filter trusts (see docs/scheduler.md "What the extender trusts"): the request body names the pod
+(namespace, name, uid) and the candidate nodes; the pod's state comes from the extender's informer of
+pending pods or a GET (``podstate``), and only a pod that is pending for our scheduler is decided for.
+The decision is reserved in the usage cache as an *assumption* before the annotation patch, which is
+conditional on the resourceVersion the pod was read at; a failed patch is resolved from the API's truth
+(``reconcile``), never by guessing that it did not happen.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +19,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami_agent import log
+from hami_agent.k8s.errors import KubeError
 from hami_agent.protocol import ProtocolError, encode_pod_devices, keys
 from hami_agent.protocol.annotations import DEFAULT_GPU_POLICY, DEFAULT_NODE_POLICY
 from hami_agent.protocol.nodelock import DEFAULT_LOCK_EXPIRY
 from hami_agent.protocol.quantity import quantity_int
 from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler import events as ev
+from hami_agent.scheduler.args import BadRequest, FilterArgs, field_ci, parse_bind_args, parse_filter_args
+from hami_agent.scheduler.binder import Binder, definitive
 from hami_agent.scheduler.cache import UsageCache, collapse
+from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.fit import PodContext, QuotaBudget, pod_context
+from hami_agent.scheduler.heal import Healer
+from hami_agent.scheduler.leadership import LeaderGate, NotLeader
 from hami_agent.scheduler.model import PodUsage
+from hami_agent.scheduler.podinfo import annotations, signature
+from hami_agent.scheduler.podstate import PodRefused, PodStates
+from hami_agent.scheduler.reconcile import APPLIED, NOT_APPLIED, Reconciler
 from hami_agent.scheduler.requests import RequestError, pod_request
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["BadRequest", "Extender", "SchedulerConfig", "field_ci"]
 
-class BadRequest(ValueError):
-    """Malformed extender arguments; the message names the field (HTTP 400)."""
+STALE_KEYS = (keys.VGPU_NODE, keys.VGPU_TIME, keys.DEVICES_TO_ALLOCATE, keys.DEVICES_ALLOCATED,
+              keys.BIND_PHASE, keys.BIND_TIME)
 
 
 @dataclass
@@ -40,6 +59,10 @@ class SchedulerConfig:
     event_nodes: int = 50  # fit nodes listed in a FilteringSucceed event
     quota_ttl_s: float = 10.0
     sync_timeout_s: float = 10.0  # how long /filter waits for the caches before answering an error
+    # API calls on the request paths: kube-scheduler gives an extender call 30 s (HAMi's chart); a
+    # /filter makes at most a read, a write and a read-back, a /bind a few more.
+    api_timeout_s: float = 4.0
+    settle_s: float = 90.0  # after this, an unanswered write that left the pod unchanged counts as lost
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
@@ -47,21 +70,14 @@ class SchedulerConfig:
     runtime_class_name: str = ""
 
 
-def field_ci(obj: dict, name: str) -> Any:
-    """Go's encoding/json matches keys case-insensitively: kube-scheduler sends ``Pod``/``NodeNames``
-    (the extender/v1 structs have no json tags) while hand-written clients send ``pod``/``nodenames``."""
-    if name in obj:
-        return obj[name]
-    low = name.lower()
-    for k, v in obj.items():
-        if k.lower() == low:
-            return v
-    return None
-
-
 class Extender:
     def __init__(self, cache: UsageCache, config: SchedulerConfig | None = None, client: Any = None,
-                 events: ev.EventSink | None = None, metrics: Any = None) -> None:
+                 events: ev.EventSink | None = None, metrics: Any = None, *,
+                 cached_pods: Any = None, gate: LeaderGate | None = None,
+                 healer: Healer | None = None) -> None:
+        """``cached_pods(ns, name)``: the informer of pending pods (None: every pod is read with a GET).
+        ``gate``: leadership (None: always the leader). ``healer``: background repairs (one is made and
+        started on first use when None; ``healer.stop()`` ends it)."""
         self.cache = cache
         self.config = config or SchedulerConfig()
         self.client = client
@@ -69,48 +85,75 @@ class Extender:
         self.metrics = metrics
         self.synced = threading.Event()
         self._quota: dict[str, tuple[float, tuple[int | None, int | None] | None]] = {}
+        # one bounded read view and one write view (no blind retries: a lost answer is read back)
+        t = self.config.api_timeout_s
+        views = hasattr(client, "with_options")
+        self.rclient = client.with_options(timeout_s=t, attempts=2) if views else client
+        self.wclient = client.with_options(timeout_s=t, attempts=1) if views else client
+        self.pods = PodStates(self.rclient, cached_pods, self.config.scheduler_name)
+        self.gate = gate or LeaderGate()
+        self.healer = healer or Healer(autostart=True)
+        self.decisions = DecisionLog(ttl_s=max(900.0, self.config.node_lock_timeout_s))
+        self.reconciler = Reconciler(cache, self.rclient, self.healer, self.config.names,
+                                     self.config.scheduler_name, settle_s=self.config.settle_s)
+        self.binder = Binder(wclient=self.wclient, rclient=self.rclient, pods=self.pods, gate=self.gate,
+                             healer=self.healer, decisions=self.decisions, config=self.config,
+                             events=events, count=self._count)
+        self.gate.on_lost(self.decisions.clear)
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict) -> dict:
-        if not isinstance(args, dict):
-            raise BadRequest("ExtenderArgs: body must be a JSON object")
-        pod = field_ci(args, "Pod")
-        if not isinstance(pod, dict):
-            raise BadRequest("ExtenderArgs.Pod: missing or not an object")
-        names, nodes_obj = self._names(args)
-        md = pod.get("metadata") or {}
-        ns, name, uid = md.get("namespace") or "default", md.get("name") or "", md.get("uid") or ""
-        if not name:
-            raise BadRequest("ExtenderArgs.Pod.metadata.name: missing")
-        log.v(logger, 5, "filter pod %s/%s uid %s on %d nodes", ns, name, uid, len(names))
-        try:
-            preq = pod_request(pod, self.config.names)
-        except RequestError as exc:
-            return self._result(error=f"pod {ns}/{name}: {exc}")
-        if preq.empty:
-            return self._result(names=names, nodes_obj=nodes_obj)
+        fa = parse_filter_args(args)
+        if not self.gate.is_leader():
+            self._count("filter", "forwarded")
+            return self.gate.forward("filter", args, lambda e: self._result(error=e))
         if not self.synced.wait(self.config.sync_timeout_s):
             return self._result(error="scheduler cache not synced yet (waiting for informers / leadership)")
+        if not self.gate.wait_ready(self.config.sync_timeout_s):
+            return self._result(error="this extender just became leader and is still reading the cluster's "
+                                      "allocations: kube-scheduler will retry")
+        ns, name = fa.namespace, fa.name
+        log.v(logger, 5, "filter pod %s/%s uid %s on %d nodes", ns, name, fa.uid, len(fa.names))
         try:
-            ctx = pod_context(md.get("annotations") or {}, self.config.node_policy, self.config.gpu_policy)
+            pod = self.pods.schedulable(ns, name, fa.uid)
+            preq = pod_request(pod, self.config.names)
+        except (PodRefused, RequestError) as exc:
+            self._count("filter", "refused")
+            return self._result(error=f"pod {ns}/{name}: {exc}; nothing written")
+        except KubeError as exc:
+            self._count("filter", "error")
+            return self._result(error=f"pod {ns}/{name}: cannot read the pod: {exc}")
+        if preq.empty:
+            return self._result(names=fa.names, nodes_obj=fa.nodes)
+        if self.binder.in_doubt(fa.uid):
+            self._count("filter", "refused")
+            return self._result(error=f"pod {ns}/{name}: an earlier binding of this pod is still being "
+                                      "resolved; kube-scheduler will retry")
+        try:
+            ctx = pod_context(annotations(pod), self.config.node_policy, self.config.gpu_policy)
         except ProtocolError as exc:  # HAMi: an invalid scoring-weights annotation fails the filter
             return self._result(error=f"pod {ns}/{name}: {exc}")
+        return self._decide(fa, pod, preq, ctx)
+
+    def _decide(self, fa: FilterArgs, pod: dict, preq: Any, ctx: PodContext) -> dict:
+        ns, name, uid = fa.namespace, fa.name, fa.uid
         limits = self._quota_limits(ns)  # API read (cached) outside the lock
-        simulate = nodes_obj is not None
-        key = uid or f"{ns}/{name}"
+        simulate = fa.nodes is not None
+        encoded = vtime = ""
         with self.cache.lock:
-            if not simulate:
-                self.cache.remove_pod(key)  # a retry must not count the pod twice
+            prev = None if simulate else self.cache.exclude(uid)  # a retry must not count the pod twice
             # budget under the lock: concurrent filters of one namespace must see each other's pods
             quota = self._budget(ns, limits)
-            try:
-                dec = self.cache.decide(names, preq, ctx, quota,
-                                        self.config.event_nodes if self.events else 0, pod_name=name)
-            except ValueError as exc:
-                raise BadRequest(f"ExtenderArgs.NodeNames: {exc}") from exc
+            dec = self.cache.decide(fa.names, preq, ctx, quota,
+                                    self.config.event_nodes if self.events else 0, pod_name=name)
             if dec.node is not None and not simulate:
-                self.cache.add_pod(PodUsage(uid=key, namespace=ns, name=name, node=dec.node,
-                                            devices=collapse(dec.fit.containers, preq.n_init), mig=preq.mig))
+                encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
+                vtime = str(int(time.time()))
+                self.cache.assume(uid, PodUsage(uid=uid, namespace=ns, name=name, node=dec.node,
+                                                devices=collapse(dec.fit.containers, preq.n_init),
+                                                mig=preq.mig), (dec.node, encoded, vtime))
+            elif not simulate:
+                self.cache.restore(uid, prev)
         if dec.node is None:
             self._count("filter", "unschedulable")
             logger.info("pod %s/%s: no node fits: %d nodes do not meet", ns, name, len(dec.failed))
@@ -118,6 +161,7 @@ class Extender:
                 for msg in ev.filtering_failed_messages(dec.failed):
                     self.events.emit(pod, ev.WARNING, ev.FILTERING_FAILED, msg)
             if not simulate:
+                self.decisions.drop(uid)
                 self._clear_stale_assignment(pod, ns, name)
             return self._result(failed=dec.failed)
         if log.enabled(logger, 2):
@@ -125,61 +169,67 @@ class Extender:
                   ns, name, dec.node, self.cache.nodes[dec.node].score if dec.node in self.cache.nodes else 0,
                   dec.n_fit, ctx.node_policy, ",".join(ctx.gpu_policy))
         if simulate:
-            items = [n for n in (nodes_obj.get("items") or [])
+            items = [n for n in (fa.nodes.get("items") or [])
                      if (n.get("metadata") or {}).get("name") == dec.node]
             return self._result(nodes_obj={"kind": "NodeList", "apiVersion": "v1", "items": items})
         if self.client is not None:
-            encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
-            ann = {keys.VGPU_NODE: dec.node, keys.VGPU_TIME: str(int(time.time())),
-                   keys.DEVICES_TO_ALLOCATE: encoded, keys.DEVICES_ALLOCATED: encoded}
-            try:
-                self.client.patch_pod_metadata(ns, name, annotations=ann, labels={keys.VGPU_NODE: dec.node})
-            except Exception as exc:
-                self.cache.remove_pod(key)
+            err = self._write_assignment(pod, uid, dec.node, encoded, vtime)
+            if err:
                 self._count("filter", "error")
-                logger.error("patch pod %s/%s annotations failed: %s", ns, name, exc)
-                return self._result(error=f"patch pod error: {exc}")
+                return self._result(error=err)
+        self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
         self._count("filter", "scheduled")
         if self.events:
             self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, ev.filtering_succeed_message(
-                dec.node, len(names) - dec.n_fit, dec.n_fit, dec.fit_nodes, dec.scores))
+                dec.node, len(fa.names) - dec.n_fit, dec.n_fit, dec.fit_nodes, dec.scores))
         return self._result(names=[dec.node])
 
-    def _clear_stale_assignment(self, pod: dict, ns: str, name: str) -> None:
-        """A pod retried after a failed bind still carries its old assignment. It no longer holds
-        those GPUs (we removed it from the cache), so remove the annotations too: otherwise the next
-        informer update of the pod would count the old assignment again (HAMi keeps it: accounting drift).
-        """
-        ann = (pod.get("metadata") or {}).get("annotations") or {}
-        if self.client is None or keys.VGPU_NODE not in ann:
-            return
-        stale = {k: None for k in (keys.VGPU_NODE, keys.VGPU_TIME, keys.DEVICES_TO_ALLOCATE,
-                                   keys.DEVICES_ALLOCATED, keys.BIND_PHASE, keys.BIND_TIME) if k in ann}
+    def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str) -> str:
+        """Patch the pod's assignment (conditional on the resourceVersion it was read at). "" on success
+        (or when a lost answer is read back as applied), else the error for kube-scheduler."""
+        md = pod.get("metadata") or {}
+        ns, name, rv = md.get("namespace") or "default", md.get("name"), str(md.get("resourceVersion") or "")
+        ann = {keys.VGPU_NODE: node, keys.VGPU_TIME: vtime, keys.DEVICES_TO_ALLOCATE: encoded,
+               keys.DEVICES_ALLOCATED: encoded}
         try:
-            self.client.patch_pod_metadata(ns, name, annotations=stale, labels={keys.VGPU_NODE: None})
+            self.gate.check("pod annotations")
+            self.wclient.patch_pod_metadata(ns, name, annotations=ann, labels={keys.VGPU_NODE: node},
+                                            resource_version=rv or None)
+            return ""
+        except NotLeader as exc:  # nothing was sent
+            why: Exception = exc
+            ambiguous = False
+        except KubeError as exc:
+            why = exc
+            ambiguous = not definitive(exc)
+        outcome = self.reconciler.after_write(uid, ns, name, rv, (node, encoded, vtime), ambiguous)
+        if outcome == APPLIED:
+            return ""
+        logger.error("patch pod %s/%s annotations failed: %s (%s)", ns, name, why, outcome)
+        if outcome == NOT_APPLIED:
+            return f"patch pod error: {why}"
+        return (f"patch pod error: {why}; its outcome is not known yet, so the devices stay reserved until "
+                "the API answers")
+
+    def _clear_stale_assignment(self, pod: dict, ns: str, name: str) -> None:
+        """A pending pod retried after a failed bind still carries its old assignment, which no node
+        holds for it any more: remove it, conditional on the resourceVersion it was read at (HAMi keeps
+        it, so its next informer update re-counts the old assignment: accounting drift). The pod is
+        pending for our scheduler here (``podstate``): a bound pod's annotations are never touched. The
+        cache keeps counting the old assignment until the informer shows it gone."""
+        ann = annotations(pod)
+        if self.client is None or signature(pod) is None:
+            return
+        md = pod.get("metadata") or {}
+        stale = {k: None for k in STALE_KEYS if k in ann}
+        try:
+            self.gate.check("pod annotations")
+            self.wclient.patch_pod_metadata(ns, name, annotations=stale, labels={keys.VGPU_NODE: None},
+                                            resource_version=str(md.get("resourceVersion") or "") or None)
             log.v(logger, 3, "pod %s/%s: cleared its stale assignment to node %s", ns, name,
                   ann[keys.VGPU_NODE])
-        except Exception as exc:
+        except (NotLeader, KubeError) as exc:  # the old assignment stays counted: safe either way
             logger.warning("pod %s/%s: clearing stale assignment failed: %s", ns, name, exc)
-
-    def _names(self, args: dict) -> tuple[list[str], dict | None]:
-        raw = field_ci(args, "NodeNames")
-        if raw is not None:
-            if type(raw) is not list:  # element types are checked where names are hashed (decide)
-                raise BadRequest("ExtenderArgs.NodeNames: must be a list of strings")
-            return raw, None
-        nodes = field_ci(args, "Nodes")
-        if nodes is None:
-            return [], None
-        if not isinstance(nodes, dict) or not isinstance(nodes.get("items", []), list):
-            raise BadRequest("ExtenderArgs.Nodes: must be a NodeList object with items")
-        out = []
-        for i, n in enumerate(nodes.get("items") or []):
-            nm = (n.get("metadata") or {}).get("name") if isinstance(n, dict) else None
-            if not isinstance(nm, str):
-                raise BadRequest(f"ExtenderArgs.Nodes.items[{i}].metadata.name: missing")
-            out.append(nm)
-        return out, nodes
 
     @staticmethod
     def _result(names: list[str] | None = None, nodes_obj: dict | None = None,
@@ -189,6 +239,17 @@ class Extender:
             names = None
         return {"Nodes": nodes_obj, "NodeNames": names, "FailedNodes": failed or None,
                 "FailedAndUnresolvableNodes": None, "Error": error}
+
+    # ------------------------------------------------------------------------------------- bind
+    def bind(self, args: dict) -> dict:
+        b = parse_bind_args(args)
+        if not self.gate.is_leader():
+            self._count("bind", "forwarded")
+            return self.gate.forward("bind", args, lambda e: {"Error": e})
+        if not self.gate.wait_ready(self.config.sync_timeout_s):
+            return {"Error": "this extender just became leader and is still reading the cluster's "
+                             "allocations: kube-scheduler will retry"}
+        return self.binder.bind(b)
 
     def _quota_budget(self, ns: str) -> QuotaBudget | None:
         return self._budget(ns, self._quota_limits(ns))
@@ -231,51 +292,6 @@ class Extender:
     def context_for(self, pod: dict) -> PodContext:
         return pod_context(((pod.get("metadata") or {}).get("annotations")) or {},
                            self.config.node_policy, self.config.gpu_policy)
-
-    # ------------------------------------------------------------------------------------- bind
-    def bind(self, args: dict) -> dict:
-        if not isinstance(args, dict):
-            raise BadRequest("ExtenderBindingArgs: body must be a JSON object")
-        vals = {}
-        for f in ("PodName", "PodNamespace", "Node"):
-            v = field_ci(args, f)
-            if not isinstance(v, str) or not v:
-                raise BadRequest(f"ExtenderBindingArgs.{f}: missing or not a string")
-            vals[f] = v
-        uid = field_ci(args, "PodUID") or None
-        ns, name, node = vals["PodNamespace"], vals["PodName"], vals["Node"]
-        if self.client is None:
-            return {"Error": "no API client configured"}
-        from hami_agent.k8s.nodelock import lock_node, release_node_lock
-
-        locked = False
-        pod: dict = {"metadata": {"namespace": ns, "name": name, "uid": uid}}
-        try:
-            pod = self.client.get_pod(ns, name)
-            has_devices = keys.DEVICES_TO_ALLOCATE in ((pod.get("metadata") or {}).get("annotations") or {})
-            if has_devices:
-                lock_node(self.client, node, ns, name, expiry_s=self.config.node_lock_timeout_s)
-                locked = True
-                self.client.patch_pod_metadata(ns, name, annotations={
-                    keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: str(int(time.time()))})
-            self.client.bind_pod(ns, name, node, uid=uid)
-        except Exception as exc:
-            msg = str(exc)
-            logger.error("bind pod %s/%s to node %s failed: %s", ns, name, node, msg)
-            if locked:
-                try:
-                    release_node_lock(self.client, node, ns, name)
-                except Exception as rel_exc:
-                    logger.error("release node lock of %s after failed bind: %s", node, rel_exc)
-            self._count("bind", "error")
-            if self.events:
-                self.events.emit(pod, ev.WARNING, ev.BINDING_FAILED, msg)
-            return {"Error": msg}
-        self._count("bind", "ok")
-        logger.info("pod %s/%s bound to node %s", ns, name, node)
-        if self.events:
-            self.events.emit(pod, ev.NORMAL, ev.BINDING_SUCCEED, ev.binding_succeed_message(node, ns, name))
-        return {"Error": ""}
 
     def _count(self, verb: str, result: str) -> None:
         if self.metrics is not None:

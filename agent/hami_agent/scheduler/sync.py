@@ -1,6 +1,8 @@
 """Keeps the usage cache in step with the cluster: a node informer (register annotation, cordon,
-pair scores), a pod informer on pods labelled ``hami.io/vgpu-node`` (their allocations), and the
-register loop that applies the handshake rules (reference §1.2, §4.2) every 15 s, leader only."""
+pair scores), a pod informer on pods labelled ``hami.io/vgpu-node`` (their allocations, counted by the
+rules of ``podinfo``), an informer on pending pods of our scheduler (the trusted pod state /filter and
+/bind read, see ``podstate``), and the register loop that applies the handshake rules (reference §1.2,
+§4.2) every 15 s, leader only."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from hami_agent import log
-from hami_agent.protocol import ProtocolError, keys
-from hami_agent.protocol.requests import RequestConfig, RequestSettings, mig_requests
+from hami_agent.protocol import keys
+from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.nodes import (
     DELETE,
@@ -22,7 +24,7 @@ from hami_agent.scheduler.nodes import (
     node_devices,
     node_extras,
 )
-from hami_agent.scheduler.podinfo import is_terminated, pod_key, pod_usage
+from hami_agent.scheduler.podinfo import countable_usage, is_terminated, pod_key
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +32,10 @@ logger = logging.getLogger(__name__)
 class ClusterSync:
     def __init__(self, client: Any, cache: UsageCache, names: RequestSettings | None = None, *,
                  is_leader: Callable[[], bool] = lambda: True, interval_s: float = 15.0,
-                 now: Callable[[], datetime] = datetime.now, node_label_selector: str | None = None) -> None:
+                 now: Callable[[], datetime] = datetime.now, node_label_selector: str | None = None,
+                 scheduler_name: str = "hami-scheduler") -> None:
         self.client = client
+        self.scheduler_name = scheduler_name
         self.cache = cache
         self.names = names or RequestConfig()
         self.is_leader = is_leader
@@ -47,6 +51,7 @@ class ClusterSync:
         self._thread: threading.Thread | None = None
         self.node_informer: Any = None
         self.pod_informer: Any = None
+        self.pending_informer: Any = None
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> ClusterSync:
@@ -54,31 +59,47 @@ class ClusterSync:
 
         self.node_informer = Informer(self.client, kind="nodes", label_selector=self.node_label_selector)
         self.pod_informer = Informer(self.client, kind="pods", label_selector=keys.VGPU_NODE)
+        # pending pods of our scheduler: the pod state /filter and /bind trust (both field selectors are
+        # supported by kube-apiserver for pods; kube-scheduler watches unassigned pods the same way)
+        self.pending_informer = Informer(self.client, kind="pods", resync_s=0, field_selector=(
+            f"spec.schedulerName={self.scheduler_name},spec.nodeName="))
         self.node_informer.add_handler(on_add=self.on_node, on_update=lambda _o, n: self.on_node(n),
                                        on_delete=self.on_node_delete)
         self.pod_informer.add_handler(on_add=self.on_pod, on_update=lambda _o, p: self.on_pod(p),
                                       on_delete=self.on_pod_delete)
         self.node_informer.start()
         self.pod_informer.start()
+        self.pending_informer.start()
         self._thread = threading.Thread(target=self._loop, name="register-loop", daemon=True)
         self._thread.start()
         return self
 
+    def _informers(self) -> list[Any]:
+        return [self.node_informer, self.pod_informer, self.pending_informer]
+
     def wait_synced(self, timeout: float) -> bool:
         # "is not None": an Informer has __len__, so an empty one is falsy
-        if self.node_informer is None or self.pod_informer is None:
+        if any(i is None for i in self._informers()):
             return False
-        return self.node_informer.wait_synced(timeout) and self.pod_informer.wait_synced(timeout)
+        return all(i.wait_synced(timeout) for i in self._informers())
 
     def synced(self) -> bool:
-        if self.node_informer is None or self.pod_informer is None:
+        if any(i is None for i in self._informers()):
             return False
-        return bool(self.node_informer.synced and self.pod_informer.synced)
+        return all(i.synced for i in self._informers())
+
+    def pending_pod(self, namespace: str, name: str) -> dict | None:
+        inf = self.pending_informer
+        return inf.get(namespace, name) if inf is not None else None
+
+    def relist_pods(self, timeout: float) -> bool:
+        """Bring the allocation informer up to the API's present (a new leader calls this first)."""
+        return self.pod_informer is not None and self.pod_informer.relist(timeout)
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        for inf in (self.node_informer, self.pod_informer):
+        for inf in self._informers():
             if inf is not None:
                 inf.stop()
         if self._thread is not None:
@@ -142,7 +163,7 @@ class ClusterSync:
                     self.dropped.add(name)
                     self._last_register.pop(name, None)
                     self.cache.remove_node(name)
-            if verdict.patch is not None and leader:
+            if verdict.patch is not None and leader and self.is_leader():  # fencing: checked per write
                 value = None if verdict.patch is DELETE else verdict.patch
                 try:
                     self.client.patch_node_annotations(name, {keys.NODE_HANDSHAKE: value})
@@ -167,16 +188,10 @@ class ClusterSync:
     def on_pod(self, pod: dict) -> None:
         uid, _ns, _name = pod_key(pod)
         if is_terminated(pod):
-            self.cache.remove_pod(uid)
+            self.cache.observe_gone(uid)
             return
-        mig: tuple = ()
-        try:
-            mig = tuple(sorted(mig_requests(pod, self.names).items()))
-        except ProtocolError:
-            pass
-        u = pod_usage(pod, mig)
-        if u is not None:
-            self.cache.add_pod(u)
+        usage, sig = countable_usage(pod, self.names, self.scheduler_name)
+        self.cache.observe(uid, usage, sig)
 
     def on_pod_delete(self, pod: dict) -> None:
-        self.cache.remove_pod(pod_key(pod)[0])
+        self.cache.observe_gone(pod_key(pod)[0])

@@ -188,3 +188,23 @@ def test_stop_interrupts_a_blocked_watch_promptly(api_server: ApiServer, kube: K
     inf.stop()
     assert time.monotonic() - t0 < 1.0
     assert not any(t.name.startswith("informer-pods") for t in threading.enumerate())
+
+
+def test_relist_lists_now_and_returns_after_the_handlers_saw_it(api_server: ApiServer, kube: KubeClient,
+                                                                 informers: list) -> None:
+    # A scheduler that just became leader relists before deciding: the list is a fresh read, handed to
+    # the handlers before relist() returns, and the watch goes on from the list's resourceVersion.
+    api_server.create(pod("p1"))
+    rec = Recorder()
+    inf = Informer(kube, kind="pods", resync_s=0)
+    inf.add_handler(on_add=rec.add, on_update=rec.update, on_delete=rec.delete)
+    informers.append(inf.start())
+    assert inf.wait_synced(5)
+    relists = inf.relists
+    t0 = time.monotonic()
+    assert inf.relist(5)
+    assert inf.relists == relists + 1
+    assert time.monotonic() - t0 < 2.0  # the blocked watch was closed on purpose: no backoff
+    api_server.create(pod("p2"))  # the watch resumed after the relist
+    assert wait_until(lambda: ("add", "p2") in rec.events)
+    assert inf.get("default", "p2") is not None

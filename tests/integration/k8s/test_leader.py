@@ -103,3 +103,41 @@ def test_leader_steps_down_when_it_cannot_renew(api_server: ApiServer, kube: Kub
 def test_invalid_timings_rejected(kube: KubeClient) -> None:
     with pytest.raises(ValueError, match="lease_duration_s > renew_deadline_s"):
         LeaderElector(kube, "kube-system", "x", "a", lease_duration_s=5, renew_deadline_s=10)
+
+
+def test_fence_closes_before_anyone_else_may_lead_even_if_the_elector_is_stuck(
+        api_server: ApiServer, kube: KubeClient, electors: list) -> None:
+    # A leader whose renew loop hangs (GC pause, starved thread) has not stepped down, but its fence —
+    # renew deadline after the start of its last successful renew, on its monotonic clock — closes
+    # before the lease duration after which the other candidate may take over.
+    a = elector(kube, "a", lease_duration_s=2.0, renew_deadline_s=1.2, retry_period_s=0.2)
+    electors.append(a.start())
+    assert wait_until(a.is_leader, 5) and a.lease_valid()
+    stuck = threading.Event()
+    a._try_acquire_or_renew = lambda: stuck.wait(30) and False  # the next renew never returns
+    b = elector(kube, "b", lease_duration_s=2.0, renew_deadline_s=1.2, retry_period_s=0.2)
+    electors.append(b.start())
+    try:
+        assert wait_until(lambda: not a.lease_valid(), 3)
+        fence_closed = time.monotonic()
+        assert a.is_leader(), "the stuck leader has not noticed"
+        assert wait_until(b.is_leader, 5)
+        assert time.monotonic() - fence_closed > 0.5  # lease 2 s - renew deadline 1.2 s, minus polling
+    finally:
+        stuck.set()
+
+
+def test_lease_annotations_travel_with_the_holder(api_server: ApiServer, kube: KubeClient,
+                                                  electors: list) -> None:
+    a = elector(kube, "a", annotations={"hami.io/extender-url": "https://a:9443"})
+    electors.append(a.start())
+    assert wait_until(a.is_leader, 5)
+    b = elector(kube, "b", annotations={"hami.io/extender-url": "https://b:9443"})
+    electors.append(b.start())
+    assert wait_until(lambda: b.leader_annotation("hami.io/extender-url") == "https://a:9443", 5)
+    lease = api_server.get("leases", "kube-system", "hami-scheduler")
+    assert lease["metadata"]["annotations"]["hami.io/extender-url"] == "https://a:9443"
+    a.stop()  # releases: the holder becomes "" and its URL means nothing any more
+    assert wait_until(b.is_leader, 5)
+    assert wait_until(lambda: api_server.get("leases", "kube-system", "hami-scheduler")["metadata"]
+                      ["annotations"]["hami.io/extender-url"] == "https://b:9443", 5)

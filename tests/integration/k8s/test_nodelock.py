@@ -9,6 +9,7 @@ import pytest
 
 from hami_agent.k8s import KubeClient, NodeLockError, lock_node, release_node_lock
 from hami_agent.k8s.backoff import Backoff
+from hami_agent.k8s.nodelock import owner_done
 from hami_agent.protocol import keys
 from hami_agent.protocol.nodelock import parse_lock_value
 from tests.integration.k8s.conftest import node, pod
@@ -188,3 +189,50 @@ def test_persistent_conflicts_exhaust_hamis_backoff(api_server: ApiServer, kube:
     assert str(ei.value).startswith("node gpu-1 lock failed after 5 retries: patch node error: 409 Conflict "
                                     "on node gpu-1")
     assert len(api_server.requests_matching("PATCH", "/nodes/gpu-1")) == 6  # first try + 5 retries
+
+
+@pytest.mark.parametrize(("owner", "why"), [
+    (pod("old", namespace="ns", node_name="gpu-2", phase="Running"), "bound to node gpu-2"),
+    (pod("old", namespace="ns", node_name="gpu-1", phase="Succeeded"), "owner pod Succeeded"),
+    (dict(pod("old", namespace="ns", node_name="gpu-1", phase="Running"),
+          metadata={"name": "old", "namespace": "ns", "annotations": {keys.BIND_PHASE: "success"}}),
+     "allocated"),
+])
+def test_lock_of_an_owner_that_no_longer_needs_it_is_taken_over(api_server: ApiServer, kube: KubeClient,
+                                                                 owner: dict, why: str) -> None:
+    # Deliberate difference from HAMi (which waits for the 5-minute expiry): a lock whose release failed
+    # heals at the next bind once its owner provably no longer needs it.
+    api_server.create(owner)
+    recent = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api_server.create(node("gpu-1", annotations={keys.NODE_LOCK: f"{recent},ns,old"}))
+    assert why in owner_done(kube, "ns", "old", "gpu-1")
+    lock_node(kube, "gpu-1", "ns", "new")
+    assert lock_value(api_server).endswith(",ns,new")
+
+
+@pytest.mark.parametrize("owner", [
+    pod("old", namespace="ns"),  # pending: may be between its lock and its binding
+    dict(pod("old", namespace="ns", node_name="gpu-1", phase="Pending"),
+         metadata={"name": "old", "namespace": "ns", "annotations": {keys.BIND_PHASE: "allocating"}}),
+])
+def test_lock_of_an_owner_that_may_still_need_it_is_kept(api_server: ApiServer, kube: KubeClient,
+                                                         owner: dict) -> None:
+    api_server.create(owner)
+    recent = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api_server.create(node("gpu-1", annotations={keys.NODE_LOCK: f"{recent},ns,old"}))
+    assert owner_done(kube, "ns", "old", "gpu-1") == ""
+    with pytest.raises(NodeLockError, match="node lock contention"):
+        lock_node(kube, "gpu-1", "ns", "new")
+
+
+def test_release_of_an_expected_value_leaves_a_newer_lock_of_the_same_pod(api_server: ApiServer,
+                                                                          kube: KubeClient) -> None:
+    api_server.create(node("gpu-1"))
+    first = lock_node(kube, "gpu-1", "ns", "p1")
+    assert first == lock_value(api_server)
+    newer = "2030-01-01T00:00:00Z,ns,p1"
+    api_server.patch("nodes", None, "gpu-1", {"metadata": {"annotations": {keys.NODE_LOCK: newer}}})
+    assert release_node_lock(kube, "gpu-1", "ns", "p1", expected=first) is False
+    assert lock_value(api_server) == newer
+    assert release_node_lock(kube, "gpu-1", "ns", "p1", expected=newer) is True
+    assert lock_value(api_server) is None

@@ -66,3 +66,27 @@ def stack(api, config: SchedulerConfig | None = None, workers: int = 1, allocato
 
 def events_for(api, name: str, ns: str = "default") -> list[dict]:
     return [e for e in api.list("Event", ns) if (e.get("involvedObject") or {}).get("name") == name]
+
+
+def check_cluster(api, apps=(), allocations=None, timeout_s: float = 15.0, **kw):
+    """Run the invariant checker over the API server's nodes and pods (plus each running app's usage
+    cache): retried until it holds or ``timeout_s`` passes (informers and background repairs converge
+    asynchronously), then asserted. Returns the report."""
+    import time
+
+    from hami_agent.doctor.invariants import check
+    from hami_agent.scheduler.podinfo import countable_usage
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes, pods = api.list("Node"), api.list("Pod")
+        reports = [check(nodes, pods, allocations=allocations, cache=app.cache,
+                         cache_usage=lambda p, a=app: countable_usage(p, a.config.names,
+                                                                      a.config.scheduler_name)[0], **kw)
+                   for app in apps] or [check(nodes, pods, allocations=allocations, **kw)]
+        bad = [r for r in reports if not r.ok]
+        if not bad or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not bad, bad[0].summary()
+    return reports[0]

@@ -1,17 +1,17 @@
 """1,000 pods submitted at once on 50 simulated GPU nodes through the SIMULATED kube-scheduler with
-several concurrent workers: no GPU is ever over-committed, checked over the final pod annotations."""
+several concurrent workers: no GPU is ever over-committed, checked by the invariant checker over the
+final API objects and the scheduler's cache."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections import defaultdict
 
 import pytest
 
 from hami_agent.protocol import decode_node_devices, decode_pod_devices, keys
 from hami_agent.scheduler.extender import SchedulerConfig
-from tests.integration.scheduler.cluster import gpu_node, gpu_pod, stack
+from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod, stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -43,40 +43,25 @@ def test_no_device_overcommitted_under_concurrency(api_server):
             time.sleep(0.1)
         elapsed = time.monotonic() - t0
 
-    bound = len(sim.bound)
+        report = check_cluster(api_server, [app])  # over-commits, bound elsewhere, locks, cache drift
+
+    bound = report.counts["bound"]  # the API's count: a bind answered with an error may still have
+    # been completed in the background (its answer was lost under load), so the simulator's own count
+    # can only be lower
     # ~218 pods fit by cores (100 GPUs x 100 cores, 37.5 cores per pod on average)
     assert bound >= 150, f"only {bound} pods bound in {elapsed:.1f}s"
-    nodes = {n["metadata"]["name"]: {d.id: d for d in decode_node_devices(
+    api_bound = {f"default/{p['metadata']['name']}" for p in api_server.list("Pod", "default")
+                 if p["spec"].get("nodeName")}
+    assert set(sim.bound) <= api_bound and report.counts["gpus"] == 2 * N_NODES
+    # an independent recount: every bound pod's devices exist on its node
+    nodes = {n["metadata"]["name"]: {d.id for d in decode_node_devices(
         n["metadata"]["annotations"][keys.NODE_REGISTER])} for n in api_server.list("Node")}
-    mem: dict[str, int] = defaultdict(int)
-    cores: dict[str, int] = defaultdict(int)
-    slots: dict[str, int] = defaultdict(int)
-    exclusive: dict[str, int] = defaultdict(int)
-    assigned = 0
     for p in api_server.list("Pod", "default"):
         ann = p["metadata"].get("annotations") or {}
-        if keys.VGPU_NODE not in ann:
-            continue
-        assigned += 1
-        node = ann[keys.VGPU_NODE]
         if p["spec"].get("nodeName"):
-            assert p["spec"]["nodeName"] == node, "bound node differs from the annotated node"
-        for c in decode_pod_devices(ann[keys.DEVICES_ALLOCATED]):
-            assert len({d.uuid for d in c}) == len(c), "one container got the same GPU twice"
-            for d in c:
-                assert d.uuid in nodes[node], f"{d.uuid} is not a GPU of {node}"
-                mem[d.uuid] += d.usedmem
-                cores[d.uuid] += d.usedcores
-                slots[d.uuid] += 1
-                if d.usedcores == 100:
-                    exclusive[d.uuid] += 1
-    assert assigned >= bound
-    for devs in nodes.values():
-        for uuid, d in devs.items():
-            assert mem[uuid] <= d.devmem, f"{uuid} memory over-committed: {mem[uuid]} > {d.devmem}"
-            assert cores[uuid] <= d.devcore, f"{uuid} cores over-committed: {cores[uuid]}"
-            assert slots[uuid] <= d.count, f"{uuid} slots over-committed: {slots[uuid]} > {d.count}"
-            if exclusive[uuid]:
-                assert slots[uuid] == 1, f"{uuid} exclusive pod shares its GPU ({slots[uuid]} pods)"
-    print(f"\n{bound} pods bound, {assigned} assigned, in {elapsed:.1f}s; "
-          f"filter calls {sim.filter_calls}, bind calls {sim.bind_calls}")
+            assert p["spec"]["nodeName"] == ann[keys.VGPU_NODE], "bound node differs from the annotated node"
+            for c in decode_pod_devices(ann[keys.DEVICES_ALLOCATED]):
+                assert len({d.uuid for d in c}) == len(c), "one container got the same GPU twice"
+                assert all(d.uuid in nodes[ann[keys.VGPU_NODE]] for d in c)
+    print(f"\n{bound} pods bound in {elapsed:.1f}s; filter calls {sim.filter_calls}, bind calls "
+          f"{sim.bind_calls}; {report.summary()}")

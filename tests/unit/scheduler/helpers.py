@@ -39,3 +39,72 @@ def gpu_pod(name: str = "p", *, uid: str | None = None, ns: str = "default", gpu
             "metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}",
                          "annotations": dict(annotations or {})},
             "spec": spec, "status": {"phase": "Pending"}}
+
+
+class FakePodClient:
+    """An in-memory stand-in for the API client's pod calls the extender makes (get, conditional
+    metadata patch, binding), with resourceVersion bumps and 409 on a stale precondition, like the API
+    server. For HTTP-level unit tests; integration tests use the simulated API server."""
+
+    def __init__(self, quotas=None, fail_patch: str = ""):
+        """``fail_patch``: "conflict" (409), "500" (not applied) or "500-after-apply" (applied, answer
+        lost)."""
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.patches: list[tuple] = []
+        self.events: list[tuple] = []
+        self.quotas = quotas or []
+        self.fail_patch = fail_patch
+        self._rv = 100
+
+    def add(self, pod: dict) -> dict:
+        import copy
+
+        pod = copy.deepcopy(pod)
+        md = pod.setdefault("metadata", {})
+        md.setdefault("namespace", "default")
+        self._rv += 1
+        md["resourceVersion"] = str(self._rv)
+        self.pods[(md["namespace"], md["name"])] = pod
+        return pod
+
+    def get_pod(self, ns, name):
+        import copy
+
+        from hami_agent.k8s.errors import NotFoundError
+
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            raise NotFoundError(404, "NotFound", f'pods "{name}" not found', "get", "pod", f"{ns}/{name}")
+        return copy.deepcopy(pod)
+
+    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None):
+        from hami_agent.k8s.errors import ConflictError, KubeError
+
+        if self.fail_patch == "conflict":
+            raise ConflictError(409, "Conflict", "simulated", "patch", "pod", f"{ns}/{name}")
+        if self.fail_patch and self.fail_patch != "500-after-apply":
+            raise KubeError(500, "InternalError", "simulated", "patch", "pod", f"{ns}/{name}")
+        pod = self.pods[(ns, name)]
+        md = pod["metadata"]
+        if resource_version and resource_version != md["resourceVersion"]:
+            raise ConflictError(409, "Conflict", "the object has been modified", "patch", "pod",
+                                f"{ns}/{name}")
+        self.patches.append((ns, name, annotations, labels))
+        for key, new in (("annotations", annotations), ("labels", labels)):
+            cur = md.setdefault(key, {})
+            for k, v in (new or {}).items():
+                if v is None:
+                    cur.pop(k, None)
+                else:
+                    cur[k] = v
+        self._rv += 1
+        md["resourceVersion"] = str(self._rv)
+        if self.fail_patch == "500-after-apply":  # applied, but the answer is an error
+            raise KubeError(500, "InternalError", "simulated", "patch", "pod", f"{ns}/{name}")
+        return pod
+
+    def list_resource_quotas(self, ns):
+        return self.quotas
+
+    def create_event(self, obj, type_, reason, message, component):
+        self.events.append((reason, message))

@@ -16,29 +16,9 @@ from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.metrics import SchedulerMetrics
 from hami_agent.scheduler.server import ExtenderHTTPServer
-from tests.unit.scheduler.helpers import dev, gpu_pod
+from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
-
-
-class FakeClient:
-    def __init__(self, quotas=None, fail_patch=False):
-        self.patches = []
-        self.events = []
-        self.quotas = quotas or []
-        self.fail_patch = fail_patch
-
-    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None):
-        if self.fail_patch:
-            raise RuntimeError("patch pod error: 500 Internal Server Error on pod x")
-        self.patches.append((ns, name, annotations, labels))
-        return {}
-
-    def list_resource_quotas(self, ns):
-        return self.quotas
-
-    def create_event(self, obj, type_, reason, message, component):
-        self.events.append((reason, message))
 
 
 @pytest.fixture
@@ -46,17 +26,27 @@ def env():
     cache = UsageCache()
     cache.set_node("n1", [dev(0, uuid="GPU-n1-0", mem=8192), dev(1, uuid="GPU-n1-1", mem=8192)])
     cache.set_node("n2", [dev(0, uuid="GPU-n2-0", mem=4096)])
-    client = FakeClient()
+    client = FakePodClient()
     metrics = SchedulerMetrics(cache)
     ext = Extender(cache, SchedulerConfig(), client, metrics=metrics)
     ext.synced.set()
     srv = ExtenderHTTPServer(ext, None, registry=metrics.registry, metrics=metrics, profiling_enabled=True,
                              max_body=64 * 1024).start()
+    srv.fake_client = client
     yield cache, client, ext, srv
     srv.stop()
+    ext.healer.stop()
 
 
 def post(srv, path, body, raw=None):
+    """POST ``body``. The body's pod is first created in the fake API when it is not there yet: the
+    extender reads the pod's state from the API, never from the body."""
+    client = getattr(srv, "fake_client", None)
+    if client is not None and isinstance(body, dict) and isinstance(body.get("Pod") or body.get("pod"), dict):
+        pod = body.get("Pod") or body.get("pod")
+        key = (pod["metadata"].get("namespace", "default"), pod["metadata"]["name"])
+        if key not in client.pods:
+            client.add(pod)
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
     data = raw if raw is not None else json.dumps(body).encode()
     conn.request("POST", path, data, {"Content-Type": "application/json"})
@@ -156,11 +146,34 @@ def test_invalid_resource_value_is_an_error_result(env):
     assert "nvidia.com/gpumem" in res["Error"] and not res["NodeNames"]
 
 
-def test_annotation_patch_failure_rolls_back_reservation(env):
-    cache, client, _ext, srv = env
-    client.fail_patch = True
+def test_refused_annotation_patch_rolls_back_to_the_apis_truth(env):
+    cache, client, ext, srv = env
+    client.fail_patch = "conflict"  # definitive: the API did not apply it
     res = json.loads(post(srv, "/filter", {"Pod": gpu_pod("p1", mem=100), "NodeNames": ["n1"]})[1])
-    assert res["Error"].startswith("patch pod error") and not cache.pods
+    assert res["Error"].startswith("patch pod error") and cache.pods == {}
+    assert ext.decisions.get("uid-p1") is None  # /bind will refuse it
+
+
+def test_annotation_patch_with_lost_answer_is_read_back_not_guessed(env):
+    # Regression (issue 16 finding 3): a patch the API applied but answered with an error was treated
+    # as "did not happen": the reservation was dropped although the pod carries the allocation.
+    cache, client, ext, srv = env
+    client.fail_patch = "500-after-apply"
+    res = json.loads(post(srv, "/filter", {"Pod": gpu_pod("p1", mem=100), "NodeNames": ["n1"]})[1])
+    assert res["Error"] == "" and res["NodeNames"] == ["n1"]  # read back: it was applied
+    assert cache.pods["uid-p1"].devices and ext.decisions.get("uid-p1").node == "n1"
+
+
+def test_annotation_patch_with_unknown_outcome_keeps_the_reservation(env):
+    cache, client, ext, srv = env
+    ext.reconciler.settle_s = 0.5
+    client.fail_patch = "500"  # the pod is unchanged: the write may still be in flight
+    res = json.loads(post(srv, "/filter", {"Pod": gpu_pod("p1", mem=100), "NodeNames": ["n1"]})[1])
+    assert "outcome is not known yet" in res["Error"]
+    assert "uid-p1" in cache.pods  # still counted: never under-count
+    assert ext.healer.pending("reconcile:")
+    # after settle_s without any change of the pod, the write counts as lost: the API's truth is counted
+    assert ext.healer.wait_idle(10) and cache.pods == {}
 
 
 def test_quota_not_fit(env):

@@ -114,9 +114,9 @@ def test_invalid_scoring_weights_fail_the_filter_instead_of_defaulting():
     # The scheduler used to log at -v=3 and score with 1,1,1.
     cache = UsageCache()
     cache.set_node("n1", [dev(0)])
-    ext = Extender(cache, SchedulerConfig())
-    ext.synced.set()
     pod = gpu_pod("p", mem=1000, annotations={keys.DEVICE_SCORING_WEIGHTS: "slot=1,core=1"})
+    ext = Extender(cache, SchedulerConfig(), cached_pods=lambda _ns, _name: pod)
+    ext.synced.set()
     out = ext.filter({"Pod": pod, "NodeNames": ["n1"]})
     assert out["NodeNames"] is None and "default/p" in out["Error"]
     assert "hami.io/device-scoring-weights" in out["Error"] and "memory" in out["Error"]

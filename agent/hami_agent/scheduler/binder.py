@@ -1,0 +1,322 @@
+"""/bind (reference §4.6): bind only what this extender decided, keep the node lock exactly as long as
+the pod may still need it, and never guess the outcome of a binding.
+
+* The request names the pod (namespace, name, uid) and a node. It is bound only if this extender's
+  own /filter decided that node for that uid (``DecisionLog``), the pod is still pending for our
+  scheduler (read from the API, not from the request), and its annotations still carry that decision.
+  Anything else is refused with the reason and nothing is written.
+* Node lock → ``bind-phase=allocating`` (conditional on the pod's resourceVersion) → ``pods/binding``
+  (with the uid as precondition); the leader's fence is checked before each write.
+* A binding whose answer is lost (timeout, reset, 5xx) is read back: bound to our node → success, and
+  the lock stays until the device plugin's Allocate releases it; bound elsewhere or gone → failure and
+  the lock is released; still pending → the same binding is sent once more (the API refuses a second
+  binding of a bound pod, so this cannot bind twice). If the truth is still unknown, the pod is marked
+  *in doubt* (its /filter is refused meanwhile, so no second decision can race the first) and the
+  ``Healer`` resolves it in the background; the lock is kept until the pod is provably not bound.
+* A lock release that fails (409/5xx/timeout) is retried in the background until it succeeds or the
+  lock is no longer this pod's — a lock is only ever released while the pod provably does not need it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from hami_agent import log
+from hami_agent.k8s.errors import ConflictError, KubeError, NotFoundError
+from hami_agent.k8s.nodelock import NodeLockError, lock_node, owner_done, release_node_lock
+from hami_agent.protocol import ProtocolError, keys
+from hami_agent.protocol.nodelock import parse_lock_value
+from hami_agent.scheduler import events as ev
+from hami_agent.scheduler.args import BindArgs
+from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
+from hami_agent.scheduler.heal import Healer
+from hami_agent.scheduler.leadership import LeaderGate, NotLeader
+from hami_agent.scheduler.podinfo import annotations
+from hami_agent.scheduler.podstate import PodRefused, PodStates, pod_uid, refusal
+from hami_agent.scheduler.requests import RequestError, pod_request
+
+logger = logging.getLogger(__name__)
+
+GONE = "\x00gone"  # _bound_where: the pod (with this uid) no longer exists
+
+
+def definitive(e: KubeError) -> bool:
+    """True when the API server certainly did not apply the request (a 4xx, or it was never sent)."""
+    if isinstance(e, (ConflictError, NotFoundError)) or 400 <= e.status < 500 or e.status == 503:
+        return True  # a 4xx was refused; a 503 (and 429) is answered before the request is processed
+    return e.status == 0 and e.reason in ("connection refused", "connect timeout")
+
+
+def _rv(pod: dict) -> str:
+    return str((pod.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Binder:
+    def __init__(self, *, wclient: Any, rclient: Any, pods: PodStates, gate: LeaderGate, healer: Healer,
+                 decisions: DecisionLog, config: Any, events: Any = None, count: Any = None) -> None:
+        self.wclient = wclient
+        self.rclient = rclient
+        self.pods = pods
+        self.gate = gate
+        self.healer = healer
+        self.decisions = decisions
+        self.config = config
+        self.events = events
+        self._count = count or (lambda _v, _r: None)
+        self._lock = threading.Lock()
+        self._active: set[str] = set()  # uids with a /bind in progress
+        self._in_doubt: dict[str, str] = {}  # uid -> node of a binding whose outcome is unknown
+
+    def in_doubt(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._in_doubt
+
+    # --------------------------------------------------------------------------------- /bind
+    def bind(self, b: BindArgs) -> dict:
+        if self.wclient is None:
+            return {"Error": "no API client configured"}
+        try:
+            pod = self.pods.schedulable(b.namespace, b.name, b.uid, fresh=True)
+            preq = pod_request(pod, self.config.names)
+        except (PodRefused, RequestError) as exc:
+            return self._refuse(b, str(exc))
+        except KubeError as exc:
+            return self._fail(b, None, f"cannot read the pod: {exc}")
+        if preq.empty:  # no GPU: nothing to lock or check against a decision (kube-scheduler chose)
+            return self._finish_binding(b, pod, None)
+        rec = self.decisions.get(b.uid)
+        if rec is None:
+            return self._refuse(b, "has no /filter decision of this extender (never filtered here, the "
+                                   "decision expired, or it was made by a previous leader): kube-scheduler "
+                                   "will filter it again")
+        if rec.node != b.node:
+            return self._refuse(b, f"this extender decided node {rec.node} for it, not {b.node}")
+        ann = annotations(pod)
+        if ann.get(keys.VGPU_NODE) != rec.node or ann.get(keys.DEVICES_TO_ALLOCATE) != rec.devices:
+            return self._refuse(b, f"its {keys.VGPU_NODE}/{keys.DEVICES_TO_ALLOCATE} annotations are not "
+                                   "this extender's decision any more: kube-scheduler will filter it again")
+        with self._lock:
+            if b.uid in self._in_doubt:
+                return self._refuse(b, "an earlier binding of this pod is still being resolved")
+            if b.uid in self._active:
+                return self._refuse(b, "a bind of this pod is already in progress")
+            self._active.add(b.uid)
+        try:
+            return self._bind_gpu_pod(b, pod, rec)
+        finally:
+            with self._lock:
+                self._active.discard(b.uid)
+
+    def _bind_gpu_pod(self, b: BindArgs, pod: dict, rec: FilterDecision) -> dict:
+        try:
+            self.gate.check("the node lock")
+            value = lock_node(self.wclient, b.node, b.namespace, b.name,
+                              expiry_s=self.config.node_lock_timeout_s)
+        except (NotLeader, NodeLockError) as exc:  # nothing written, or the lock is someone else's
+            return self._fail(b, pod, str(exc))
+        except KubeError as exc:  # the lock write may have been applied: release it if it is ours
+            self._release_later(b)
+            return self._fail(b, pod, f"node lock: {exc}")
+        try:
+            self.gate.check(f"{keys.BIND_PHASE}")
+            self.wclient.patch_pod_metadata(b.namespace, b.name, annotations={
+                keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: str(int(time.time()))},
+                resource_version=_rv(pod))
+        except (NotLeader, KubeError) as exc:  # no binding was sent: the pod cannot need the lock
+            self.release(b, value)
+            return self._fail(b, pod, f"patch pod {keys.BIND_PHASE}: {exc}")
+        return self._finish_binding(b, pod, value)
+
+    def _finish_binding(self, b: BindArgs, pod: dict, lock_value: str | None) -> dict:
+        """POST pods/binding; resolve a lost answer by reading back (and sending again once)."""
+        for attempt in (1, 2):
+            try:
+                self.gate.check("pods/binding")
+                self.wclient.bind_pod(b.namespace, b.name, b.node, uid=b.uid)
+                return self._bound(b, pod)
+            except NotLeader as exc:
+                self._unbound(b, lock_value)
+                return self._fail(b, pod, str(exc))
+            except KubeError as exc:
+                err = exc
+            try:
+                where = self._bound_where(b)
+            except KubeError as read_exc:
+                logger.warning("pod %s/%s: binding failed (%s) and reading it back failed (%s)", b.namespace,
+                               b.name, err, read_exc)
+                where = None
+            if where == b.node:
+                logger.warning("pod %s/%s: the binding answer was lost (%s) but the pod is bound to %s",
+                               b.namespace, b.name, err.summary, b.node)
+                return self._bound(b, pod)
+            if where is not None and where != "":  # bound elsewhere, or gone: provably not on our node
+                self._unbound(b, lock_value)
+                return self._fail(b, pod, str(err))
+            if where == "" and definitive(err):
+                self._unbound(b, lock_value)
+                return self._fail(b, pod, str(err))
+            if where is None or attempt == 2:
+                break  # unknown: resolve in the background
+            logger.warning("pod %s/%s: binding answer lost (%s) and the pod is not bound yet: sending the "
+                           "binding again", b.namespace, b.name, err.summary)
+        self._mark_in_doubt(b, lock_value)
+        return self._fail(b, pod, f"the binding's outcome is unknown ({err.summary}); the node lock is "
+                                  "kept until it is resolved in the background")
+
+    def _bound_where(self, b: BindArgs) -> str:
+        """Node the pod is bound to ("" when pending), or GONE when it (with this uid) no longer exists.
+        Raises ``KubeError`` when the API cannot be read."""
+        try:
+            pod = self.rclient.get_pod(b.namespace, b.name)
+        except NotFoundError:
+            return GONE
+        if pod_uid(pod) != b.uid:
+            return GONE
+        return (pod.get("spec") or {}).get("nodeName") or ""
+
+    def _bound(self, b: BindArgs, pod: dict) -> dict:
+        self.decisions.drop(b.uid)
+        self._count("bind", "ok")
+        logger.info("pod %s/%s bound to node %s", b.namespace, b.name, b.node)
+        if self.events:
+            self.events.emit(pod, ev.NORMAL, ev.BINDING_SUCCEED,
+                             ev.binding_succeed_message(b.node, b.namespace, b.name))
+        return {"Error": ""}
+
+    def _refuse(self, b: BindArgs, why: str) -> dict:
+        msg = f"pod {b.namespace}/{b.name} (uid {b.uid}) {why}; not bound, nothing written"
+        logger.warning("bind refused: %s", msg)
+        self._count("bind", "refused")
+        return {"Error": msg}
+
+    def _fail(self, b: BindArgs, pod: dict | None, msg: str) -> dict:
+        logger.error("bind pod %s/%s to node %s failed: %s", b.namespace, b.name, b.node, msg)
+        self._count("bind", "error")
+        if self.events:
+            self.events.emit(pod or {"metadata": {"namespace": b.namespace, "name": b.name, "uid": b.uid}},
+                             ev.WARNING, ev.BINDING_FAILED, msg)
+        return {"Error": msg}
+
+    # ------------------------------------------------------------------------- lock healing
+    def _unbound(self, b: BindArgs, lock_value: str | None) -> None:
+        """The pod is provably not bound to ``b.node``: its lock (if we took one) must go."""
+        if lock_value is not None:
+            self.release(b, lock_value)
+
+    def release(self, b: BindArgs, lock_value: str | None) -> None:
+        """Release this pod's lock now; if that fails, keep retrying in the background."""
+        try:
+            self.gate.check("the node lock release")
+            release_node_lock(self.wclient, b.node, b.namespace, b.name, expected=lock_value)
+        except NodeLockError as exc:  # held by another pod: not ours to release
+            logger.info("node lock of %s: %s", b.node, exc)
+        except (NotLeader, KubeError) as exc:
+            logger.error("release node lock of %s after a failed bind: %s; retrying in the background",
+                         b.node, exc)
+            self._release_later(b, lock_value)
+
+    def _release_later(self, b: BindArgs, lock_value: str | None = None) -> None:
+        give_up_at = time.monotonic() + self.config.node_lock_timeout_s  # the lock has expired by then
+
+        def task() -> float | None:
+            if time.monotonic() > give_up_at:
+                logger.error("node lock of %s for pod %s/%s: giving up the release; it has expired",
+                             b.node, b.namespace, b.name)
+                return None
+            if not self.gate.lease_valid():
+                return 2.0  # only the leader writes; the lock expiry is the backstop
+            with self._lock:
+                if b.uid in self._active or b.uid in self._in_doubt:
+                    return 1.0  # a new bind of this pod may rely on this lock
+            try:
+                where = self._bound_where(b)
+                if where == b.node:
+                    ann_phase = annotations(self.rclient.get_pod(b.namespace, b.name)).get(keys.BIND_PHASE)
+                    if ann_phase not in (keys.BIND_PHASE_SUCCESS, keys.BIND_PHASE_FAILED):
+                        return None  # bound here and not yet allocated: Allocate releases it
+                release_node_lock(self.wclient, b.node, b.namespace, b.name, expected=lock_value)
+                logger.info("node lock of %s for pod %s/%s released (background)", b.node, b.namespace,
+                            b.name)
+            except NodeLockError:
+                pass  # the lock is no longer this pod's
+            return None
+
+        self.healer.submit(f"release:{b.node}:{b.namespace}/{b.name}", task, delay_s=0.2,
+                           deadline_s=self.config.node_lock_timeout_s + 60)
+
+    def audit_locks(self, nodes: list[dict]) -> int:
+        """Release node locks whose owner provably no longer needs them (gone, finished, bound to another
+        node, already allocated: ``nodelock.owner_done``) — e.g. a lock a previous leader could not
+        release before it died. Locks of pending owners are left alone (they may be mid-bind); expired
+        ones are taken over by the next bind anyway. Returns how many were released."""
+        released = 0
+        for node in nodes:
+            md = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
+            raw = (md.get("annotations") or {}).get(keys.NODE_LOCK)
+            if not raw or not self.gate.lease_valid():
+                continue
+            try:
+                held = parse_lock_value(raw)
+                if not held.has_owner:
+                    continue
+                why = owner_done(self.rclient, held.namespace, held.name, md.get("name", ""))
+                if why and release_node_lock(self.wclient, md["name"], held.namespace, held.name,
+                                             expected=raw):
+                    released += 1
+                    logger.info("node lock of %s released: %s/%s no longer needs it (%s)", md["name"],
+                                held.namespace, held.name, why)
+            except (ProtocolError, NodeLockError, KubeError) as exc:
+                log.v(logger, 3, "lock audit of node %s: %s", md.get("name"), exc)
+        return released
+
+    # --------------------------------------------------------------------- in-doubt bindings
+    def _mark_in_doubt(self, b: BindArgs, lock_value: str | None) -> None:
+        with self._lock:
+            self._in_doubt[b.uid] = b.node
+        give_up_at = time.monotonic() + self.config.node_lock_timeout_s
+
+        def done() -> None:
+            with self._lock:
+                self._in_doubt.pop(b.uid, None)
+
+        def task() -> float | None:
+            if time.monotonic() > give_up_at:
+                logger.error("pod %s/%s: binding outcome still unknown after %.0fs; the node lock expires",
+                             b.namespace, b.name, self.config.node_lock_timeout_s)
+                done()
+                return None
+            if not self.gate.lease_valid():
+                return 2.0
+            try:  # KubeError: the Healer retries with backoff
+                pod = self.rclient.get_pod(b.namespace, b.name)
+            except NotFoundError:
+                pod = None
+            where = GONE if pod is None or pod_uid(pod) != b.uid else (pod.get("spec") or {}).get("nodeName")
+            if where == b.node:
+                logger.info("pod %s/%s: in-doubt binding resolved: bound to %s (lock kept for Allocate)",
+                            b.namespace, b.name, b.node)
+                done()
+                return None
+            why = f"bound to {where}" if where and where != GONE else "gone" if where else (
+                refusal(pod, self.pods.scheduler_name) if pod is not None else "")
+            if why:  # provably never going to be bound to our node
+                logger.info("pod %s/%s: in-doubt binding resolved: not bound (%s)", b.namespace, b.name, why)
+                done()
+                self.release(b, lock_value)
+                return None
+            try:
+                self.gate.check("pods/binding")
+                self.wclient.bind_pod(b.namespace, b.name, b.node, uid=b.uid)
+                logger.info("pod %s/%s: in-doubt binding completed: bound to %s", b.namespace, b.name, b.node)
+                done()
+                return None
+            except NotLeader:
+                return 2.0
+            except KubeError as exc:
+                return 0.2 if definitive(exc) else 1.0  # next try reads the truth back
+
+        self.healer.submit(f"bind:{b.uid}", task, delay_s=0.5,
+                           deadline_s=self.config.node_lock_timeout_s + 60)

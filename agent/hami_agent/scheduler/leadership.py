@@ -1,0 +1,233 @@
+"""Who may decide: with ``--leader-elect`` only the leader filters, binds and writes; a follower forwards
+``/filter`` and ``/bind`` to the leader.
+
+Why forward instead of answering an error: kube-scheduler runs its own leader election and calls the
+extender next to it (``urlPrefix: https://127.0.0.1:...``, as the ``hami_scheduler`` role and HAMi's
+chart configure it), so the active kube-scheduler is often next to a *follower* extender. A follower that
+only answered errors would fail every pod until the two elections happened to agree.
+
+* The leader publishes its extender URL (``--advertise-url``) as the Lease annotation
+  ``hami.io/extender-url``, written in the same conditional update as the holder, so a follower that
+  reads the Lease sees the URL of the holder it read.
+* A forwarded request carries ``"HamiForwardedBy": <identity>`` in its body; a replica that is not the
+  leader answers such a request with an error instead of forwarding it again (no forwarding loops while
+  two replicas have stale views of the Lease). kube-scheduler retries the pod.
+* **Fencing**: :meth:`LeaderGate.lease_valid` is checked right before every write (see
+  ``LeaderElector.lease_valid``: a local monotonic deadline shorter than the lease), and every pod/node
+  write the extender makes is conditional on the resourceVersion it read, so a deposed leader that has
+  not noticed yet can neither start a write nor overwrite a newer decision.
+* A replica that becomes leader relists its pod informer before it decides (``Informer.relist``): the
+  previous leader's last annotations are in its cache before its first decision.
+
+The forwarder is a bounded ``urllib3`` pool (already a dependency through the ``kubernetes`` client):
+keep-alive, at most ``maxsize`` connections, connect/read timeouts, no retries (kube-scheduler retries
+the pod). Its TLS settings come from ``client_ssl_context`` — the same client certificate the role gives
+kube-scheduler works — so a forwarded call meets the leader's extender authentication like
+kube-scheduler's own call does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+URL_ANNOTATION = "hami.io/extender-url"
+FORWARDED_BY = "HamiForwardedBy"
+
+
+class NotLeader(Exception):
+    """This replica may not write (not the leader, or its lease could not be renewed in time)."""
+
+
+@dataclass(frozen=True)
+class ForwardSettings:
+    """How a follower reaches the leader's extender."""
+
+    ca_file: str | None = None  # CA that signed the leader's serving certificate (None: system trust)
+    cert_file: str | None = None  # client certificate for an extender that requires mTLS
+    key_file: str | None = None
+    timeout_s: float = 20.0  # below kube-scheduler's extender httpTimeout (HAMi's chart: 30s)
+    max_connections: int = 8
+
+
+def client_ssl_context(ca_file: str | None = None, cert_file: str | None = None,
+                       key_file: str | None = None) -> ssl.SSLContext:
+    """A verifying TLS client context, with a client certificate when given (for mTLS extenders)."""
+    ctx = ssl.create_default_context(cafile=ca_file or None)
+    if cert_file:
+        ctx.load_cert_chain(cert_file, key_file or None)
+    return ctx
+
+
+class Forwarder:
+    def __init__(self, settings: ForwardSettings | None = None) -> None:
+        import urllib3
+
+        self.settings = settings or ForwardSettings()
+        s = self.settings
+        self._pool = urllib3.PoolManager(
+            num_pools=4, maxsize=s.max_connections, block=True, retries=False,
+            timeout=urllib3.Timeout(connect=min(5.0, s.timeout_s), read=s.timeout_s),
+            ssl_context=client_ssl_context(s.ca_file, s.cert_file, s.key_file))
+
+    def post(self, url: str, verb: str, body: dict) -> dict:
+        """POST ``body`` to ``<url>/<verb>``; the decoded JSON object, or ``RuntimeError`` saying why not."""
+        import urllib3
+
+        try:
+            resp = self._pool.request("POST", f"{url.rstrip('/')}/{verb}", body=json.dumps(body).encode(),
+                                      headers={"Content-Type": "application/json"},
+                                      pool_timeout=self.settings.timeout_s)
+        except urllib3.exceptions.HTTPError as exc:
+            raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.data[:200].decode('utf-8', 'replace')}")
+        try:
+            out = json.loads(resp.data)
+        except ValueError as exc:
+            raise RuntimeError(f"answer is not JSON: {exc}") from exc
+        if not isinstance(out, dict):
+            raise RuntimeError("answer is not a JSON object")
+        return out
+
+    def close(self) -> None:
+        self._pool.clear()
+
+
+def default_advertise_url(host: str, port: int, tls: bool) -> str:
+    """The URL followers use to reach this replica when ``--advertise-url`` is not given: the bind host,
+    or this machine's FQDN when bound to all addresses (the ``hami_scheduler`` role's certificate has
+    the host's inventory name among its SANs)."""
+    import socket
+
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - comparing, not binding
+        host = socket.getfqdn()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+class LeaderGate:
+    """Leadership as the extender sees it. Without an elector this replica always leads."""
+
+    def __init__(self, elector: Any = None, forwarder: Forwarder | None = None,
+                 relist: Callable[[float], bool] | None = None, relist_timeout_s: float = 60.0) -> None:
+        self.elector = elector
+        self.forwarder = forwarder
+        self.relist = relist
+        self._relist_timeout_s = relist_timeout_s
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._term = 0
+        self._on_lost: list[Callable[[], None]] = []
+        self._on_ready: list[Callable[[], None]] = []
+        if elector is None:
+            self._ready.set()
+        self.forwarded = 0
+
+    def attach(self, elector: Any, forwarder: Forwarder | None) -> None:
+        """Use ``elector`` (created with this gate's ``started_leading``/``stopped_leading`` as its
+        callbacks): until it leads and the caches are relisted, this replica does not decide."""
+        self.elector = elector
+        self.forwarder = forwarder
+        self._ready.clear()
+
+    @property
+    def identity(self) -> str:
+        return self.elector.identity if self.elector is not None else ""
+
+    def on_lost(self, fn: Callable[[], None]) -> None:
+        self._on_lost.append(fn)
+
+    def on_ready(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` each time this replica becomes a leader that may decide (after the relist)."""
+        self._on_ready.append(fn)
+
+    # elector callbacks
+    def started_leading(self) -> None:
+        with self._lock:
+            self._term += 1
+            term = self._term
+        ok = True
+        if self.relist is not None:
+            ok = self.relist(self._relist_timeout_s)
+            if not ok:
+                logger.error("leader: pod cache did not relist within %.0fs; not deciding yet",
+                             self._relist_timeout_s)
+        with self._lock:
+            ready = ok and term == self._term and self.elector.is_leader()
+            if ready:
+                self._ready.set()
+                logger.info("leader: caches relisted; deciding from now on")
+        for fn in self._on_ready if ready else ():
+            try:
+                fn()
+            except Exception:
+                logger.exception("leadership-ready hook failed")
+
+    def stopped_leading(self) -> None:
+        with self._lock:
+            self._term += 1
+            self._ready.clear()
+        logger.warning("lost leadership: no more decisions or writes; forwarding to the new leader")
+        for fn in self._on_lost:
+            try:
+                fn()
+            except Exception:
+                logger.exception("leadership-lost hook failed")
+
+    # queries
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Leader with relisted caches (waits up to ``timeout`` for the relist)."""
+        return self.is_leader() and self._ready.wait(timeout) and self.is_leader()
+
+    def lease_valid(self) -> bool:
+        return self.elector is None or self.elector.lease_valid()
+
+    def check(self, what: str) -> None:
+        """Raise ``NotLeader`` unless this replica may write now; call right before each write."""
+        if not self.lease_valid():
+            raise NotLeader(f"not writing {what}: this replica is not the leader or could not renew its "
+                            "lease in time (fencing); kube-scheduler will retry")
+
+    def leader_url(self) -> str | None:
+        if self.elector is None:
+            return None
+        holder = self.elector.leader()
+        if not holder or holder == self.elector.identity:
+            return None
+        return self.elector.leader_annotation(URL_ANNOTATION)
+
+    def can_forward(self) -> bool:
+        return self.forwarder is not None and bool(self.leader_url())
+
+    def forward(self, verb: str, args: dict, error: Callable[[str], dict]) -> dict:
+        """Answer a follower's request through the leader (or an error kube-scheduler retries)."""
+        if args.get(FORWARDED_BY):
+            return error(f"not the leader (request forwarded by {args.get(FORWARDED_BY)!r}); the leadership "
+                         "is changing: kube-scheduler will retry")
+        url = self.leader_url()
+        if self.forwarder is None or not url:
+            holder = self.elector.leader() if self.elector is not None else ""
+            return error(f"this extender replica is not the leader and cannot forward to the leader "
+                         f"({holder or 'none elected yet'}; its {URL_ANNOTATION} is unknown): kube-scheduler "
+                         "will retry")
+        body = dict(args)
+        body[FORWARDED_BY] = self.identity
+        try:
+            out = self.forwarder.post(url, verb, body)
+        except RuntimeError as exc:
+            logger.warning("forwarding /%s to leader %s failed: %s", verb, url, exc)
+            return error(f"forwarding /{verb} to the leader at {url} failed: {exc}")
+        self.forwarded += 1
+        return out
