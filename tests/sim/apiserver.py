@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.sim import apiserver_reviews
 from tests.sim.apiserver_store import (
     RESOURCES,
     ApiError,
@@ -396,6 +397,8 @@ class ApiServer:
 
     def _handle(self, method: str, path: str, query: dict[str, str], content_type: str | None, body: Any,  # noqa: PLR0917
                 handler: _Handler) -> tuple[int, Obj | None]:
+        if (review := apiserver_reviews.answer(self, method, path, body)) is not None:  # authn/authz reviews
+            return review
         route = self._route(path)
         if route.discovery is not None:
             if method != "GET":

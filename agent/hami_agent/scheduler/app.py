@@ -27,7 +27,7 @@ class SchedulerApp:
                  lease_name: str = "hami-scheduler", profiling: bool = False, max_body: int = 1 << 20,
                  metrics_bind: tuple[str, int] | None = None, register_interval_s: float = 15.0,
                  node_label_selector: str | None = None, leader_kwargs: dict | None = None,
-                 tune_gc: bool = False) -> None:
+                 tune_gc: bool = False, serving: dict | None = None) -> None:
         self.client = client
         self.config = config or SchedulerConfig()
         self.cache = UsageCache()
@@ -46,10 +46,11 @@ class SchedulerApp:
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
                                          cert_file=cert_file, key_file=key_file,
                                          registry=self.metrics.registry, ready=self.ready,
-                                         profiling_enabled=profiling, max_body=max_body, metrics=self.metrics)
+                                         profiling_enabled=profiling, max_body=max_body, metrics=self.metrics,
+                                         # serving: extender auth, listeners, limits (scheduler/cmd.py)
+                                         metrics_bind=metrics_bind, **(serving or {}))
         self.metrics_bind = metrics_bind
         self.tune_gc = tune_gc  # process-wide GC settings: the cmd (own process) turns it on, tests do not
-        self._metrics_server: Any = None
         self._sync_waiter: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -76,12 +77,7 @@ class SchedulerApp:
         self.sync.start()
         self._sync_waiter = threading.Thread(target=self._await_sync, name="cache-sync", daemon=True)
         self._sync_waiter.start()
-        self.server.start()
-        if self.metrics_bind is not None:
-            from prometheus_client import start_http_server
-
-            host, port = self.metrics_bind
-            self._metrics_server, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+        self.server.start()  # every listener, the metrics one included
         return self
 
     def _await_sync(self) -> None:
@@ -106,5 +102,3 @@ class SchedulerApp:
         if self.elector is not None:
             self.elector.stop()
         self.events.stop()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
