@@ -425,10 +425,24 @@ class _Connection(asyncio.Protocol):
     def _on_head(self, head: h11.Request) -> bool:
         self.head = head
         self.body = bytearray()
+        # h11 bounds only heads that arrive in pieces; one that arrived whole is measured here
+        size = len(head.target) + sum(len(k) + len(v) + 4 for k, v in head.headers)
+        if size > self.limits.max_header_bytes:
+            self._close_after(_raw_response(431, f"request line and headers of {size} bytes exceed the limit "
+                                                 f"of {self.limits.max_header_bytes} bytes"))
+            return False
         length = None
+        chunked = False
         for k, v in head.headers:
             if k == b"content-length":
                 length = int(v)  # h11 has validated it
+            elif k == b"transfer-encoding":
+                chunked = True
+        if length is not None and chunked:
+            # RFC 9112 §6.1: a request smuggling signature; h11 would let chunked win, we refuse it
+            self._close_after(_raw_response(400, "malformed HTTP request: both Content-Length and "
+                                                 "Transfer-Encoding; send one"))
+            return False
         if length is not None and length > self.limits.max_body:
             self._too_large(length)
             return False
@@ -462,10 +476,10 @@ class _Connection(asyncio.Protocol):
         route, allowed = self.lst.match(req.method, req.path)
         if route is None:
             if allowed:
-                self.respond(Response.error(405, f"{req.method} not allowed on {req.path}; use "
+                self.respond(Response.error(405, f"{req.method} not allowed on {req.path[:200]}; use "
                                                  f"{', '.join(allowed)}", [("Allow", ", ".join(allowed))]))
             else:
-                self.respond(Response.error(404, f"no route {req.method} {req.path}"))
+                self.respond(Response.error(404, f"no route {req.method} {req.path[:200]}"))
             return
         self.server._submit(self, route, req)
 

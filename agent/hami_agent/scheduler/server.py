@@ -84,6 +84,10 @@ class ExtenderHTTPServer:
             json_routes["/webhook"] = webhook.review
             validated.add("/webhook")
         config = auth if isinstance(auth, authn.AuthConfig) else authn.AuthConfig()
+        mode = auth.mode if auth is not None else config.mode
+        verb_paths = {p for p in json_routes if p.strip("/") in VERBS}
+        verbs_host = extender_bind[0] if extender_bind else host
+        self._check_auth_placement(mode, verbs_host, bool(extender_bind), cert_file)
         self.auth = auth if isinstance(auth, authn.Authenticator) else authn.build(
             config, client=getattr(extender, "client", None))
         self.registry = registry
@@ -93,9 +97,6 @@ class ExtenderHTTPServer:
         limits = limits or Limits()
         self.limits = replace(limits, max_body=max_body)
 
-        verb_paths = {p for p in json_routes if p.strip("/") in VERBS}
-        verbs_host = extender_bind[0] if extender_bind else host
-        self._check_auth_placement(verbs_host, bool(extender_bind), cert_file, config)
         client_ca = config.client_ca_file if self.auth.mode == "mtls" else None
         main_ctx = server_context(cert_file, key_file, client_ca if not extender_bind else None) \
             if cert_file else None
@@ -134,11 +135,10 @@ class ExtenderHTTPServer:
         self._server = HttpServer(listeners, self.limits, name=name)
         self._extender_listener = "extender" if extender_bind else "main"
 
-    def _check_auth_placement(self, verbs_host: str, separate: bool, cert_file: str | None,
-                              config: authn.AuthConfig) -> None:
+    @staticmethod
+    def _check_auth_placement(mode: str, verbs_host: str, separate: bool, cert_file: str | None) -> None:
         """Refuse configurations where the chosen mode would not protect the verbs."""
         flag = "--extender-bind-address" if separate else "--bind-address"
-        mode = self.auth.mode
         if mode == "loopback" and not is_loopback(verbs_host):
             raise ValueError(
                 f"--extender-auth=loopback serves /filter, /prioritize and /bind on loopback only, but "
