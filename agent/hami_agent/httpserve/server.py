@@ -3,10 +3,10 @@
 Why this and not a framework: uvicorn, hypercorn, cheroot, aiohttp and the stdlib server were each run
 against the attacks this server must survive (docs/scheduler.md, "Serving"); none bounded all of them
 (no header-read deadline, no whole-body deadline, no cap on connections that evicts idle ones, or a
-TLS handshake on the accept thread). What is hand-written is only the connection bookkeeping:
-HTTP/1.1 parsing and framing is h11's (python-hyper, also used by uvicorn and httpx), TLS is asyncio's
-(``loop.connect_accepted_socket`` with ``ssl_handshake_timeout``), handlers run on a bounded
-``ThreadPoolExecutor``.
+TLS handshake on the accept thread). What is hand-written is only the connection bookkeeping and the
+response's status line and headers: HTTP/1.1 parsing is httptools' (MagicStack's binding of llhttp, the
+Node.js parser; uvicorn's default), TLS is asyncio's (``loop.connect_accepted_socket`` with
+``ssl_handshake_timeout``), handlers run on a bounded ``ThreadPoolExecutor``.
 
 Guarantees, per connection: the TLS handshake runs on the event loop, never on the accept path, and
 ends within ``handshake_timeout_s``; the request line and headers arrive within ``header_timeout_s``
@@ -21,6 +21,7 @@ an error id (the traceback goes to the log, never to the caller)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import logging
@@ -31,7 +32,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import h11
+import httptools
 
 from hami_agent import log
 from hami_agent.httpserve.model import HTTPError, Limits, Listener, Request, Response, Route, reason
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT_BATCH = 64
 _SLOW_READER_S = 1.0  # a request still incomplete after this long may be evicted for a new connection
+_MAX_PIPELINED = 16  # complete requests waiting on one connection (reading pauses while one is answered)
 
 
 @dataclass
@@ -259,8 +261,7 @@ class HttpServer:
 
 
 def _raw_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> bytes:
-    """A complete error response outside h11's request cycle (before or instead of a parsed request);
-    the connection is closed after it."""
+    """A complete error response that closes the connection (before or instead of a parsed request)."""
     body = Response.error(status, message).body
     lines = [f"HTTP/1.1 {status} {reason(status)}", "Content-Type: application/json",
              f"Content-Length: {len(body)}", "Connection: close"]
@@ -270,7 +271,8 @@ def _raw_response(status: int, message: str, headers: list[tuple[str, str]] | No
 
 class _Connection(asyncio.Protocol):
     """One client connection. States: handshake → new → reading → body → busy → (writing) → keepalive →
-    reading ... → closed. ``since`` is when the current state began; one timer enforces its deadline."""
+    reading ... → closed. ``since`` is when the current state began; one timer enforces its deadline.
+    The httptools parser calls the ``on_*`` methods while ``data_received`` feeds it."""
 
     def __init__(self, server: HttpServer, lst: Listener, sock: socket.socket, addr: tuple) -> None:
         self.server = server
@@ -283,10 +285,18 @@ class _Connection(asyncio.Protocol):
         self.state = "handshake" if lst.ssl_context is not None else "connecting"
         self.since = self.loop.time()
         self.transport: asyncio.Transport | None = None
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
-        self.head: h11.Request | None = None
-        self.body = bytearray()
+        self.parser = httptools.HttpRequestParser(self)
         self.peer_cert: dict | None = None
+        self.queue: collections.deque[tuple[Request, bool]] = collections.deque()  # complete, unanswered
+        self.keep_alive = True  # of the request being answered
+        self._url = bytearray()
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head_size = 0
+        self._body = bytearray()
+        self._refusal: tuple[int, str] | None = None
+        self._in_message = False  # a request has begun and is not complete
+        self._peer_eof = False
+        self._method = ""
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None
         self._write_paused = False
@@ -346,10 +356,11 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.state = "closed"
+        self.queue.clear()
         self.server._forget(self)
 
     def _close_after(self, data: bytes) -> None:
-        if self.transport is None or self.state == "closed":
+        if self.transport is None or self.state in ("closed", "closing"):
             return
         self.transport.write(data)
         self.transport.close()  # flushes what is buffered, then closes
@@ -380,99 +391,100 @@ class _Connection(asyncio.Protocol):
 
     # -- input
     def data_received(self, data: bytes) -> None:
+        if self.state not in ("new", "keepalive", "reading", "body", "busy"):
+            return  # closing: ignore
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self._refusal is None:
+                self._refusal = (400, f"malformed HTTP request: {exc}")
+        if self._refusal is not None:
+            status, message = self._refusal
+            self._close_after(_raw_response(status, message))
+            return
+        if len(self.queue) > _MAX_PIPELINED:
+            self._close_after(_raw_response(400, f"more than {_MAX_PIPELINED} pipelined requests"))
+            return
+        if self.state != "busy" and self.queue:
+            self._dispatch()
+
+    def eof_received(self) -> bool | None:
+        if self.state in ("busy", "writing"):
+            self._peer_eof = True  # half-closed after its request: answer, then close
+            return True
+        self.abort()  # the peer is gone mid-request or idle: nothing to answer
+        return None
+
+    # httptools callbacks (bounded: a refusal stops collecting, data_received answers it)
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        self._url.clear()
+        self._headers = []
+        self._head_size = 0
+        self._body = bytearray()
         if self.state in ("new", "keepalive"):
             if self.state == "keepalive":
                 self._header_deadline = self.loop.time() + self.limits.header_timeout_s
             self._set_state("reading", self._header_deadline)
-        elif self.state not in ("reading", "body"):
-            return  # busy (reading is paused) or closing: ignore
-        self.h11.receive_data(data)
-        self._process()
 
-    def eof_received(self) -> bool | None:
-        if self.state in ("reading", "body", "new", "keepalive"):
-            self.h11.receive_data(b"")
-            self._process()
-        return None  # let the transport close
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._grow_head(len(url))
 
-    def _process(self) -> None:
-        while self.state in ("reading", "body", "new", "keepalive"):
-            try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                status = exc.error_status_hint if 400 <= exc.error_status_hint < 500 else 400
-                if "incomplete event" in str(exc) or "too long" in str(exc):
-                    status = 431
-                self._close_after(_raw_response(status, f"malformed HTTP request: {exc}"))
-                return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                return
-            if isinstance(event, h11.Request):
-                if not self._on_head(event):
-                    return
-            elif isinstance(event, h11.Data):
-                self.body += event.data
-                if len(self.body) > self.limits.max_body:
-                    self._too_large(len(self.body))
-                    return
-            elif isinstance(event, h11.EndOfMessage):
-                self._dispatch()
-                return
-            elif isinstance(event, h11.ConnectionClosed):
-                self.abort()
-                return
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+        self._grow_head(len(name) + len(value) + 4)
 
-    def _on_head(self, head: h11.Request) -> bool:
-        self.head = head
-        self.body = bytearray()
-        # h11 bounds only heads that arrive in pieces; one that arrived whole is measured here
-        size = len(head.target) + sum(len(k) + len(v) + 4 for k, v in head.headers)
-        if size > self.limits.max_header_bytes:
-            self._close_after(_raw_response(431, f"request line and headers of {size} bytes exceed the limit "
-                                                 f"of {self.limits.max_header_bytes} bytes"))
-            return False
-        length = None
-        chunked = False
-        for k, v in head.headers:
-            if k == b"content-length":
-                length = int(v)  # h11 has validated it
-            elif k == b"transfer-encoding":
-                chunked = True
-        if length is not None and chunked:
-            # RFC 9112 §6.1: a request smuggling signature; h11 would let chunked win, we refuse it
-            self._close_after(_raw_response(400, "malformed HTTP request: both Content-Length and "
-                                                 "Transfer-Encoding; send one"))
-            return False
-        if length is not None and length > self.limits.max_body:
-            self._too_large(length)
-            return False
-        if self.h11.they_are_waiting_for_100_continue:
-            self.transport.write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
-        self._set_state("body", self.loop.time() + self.limits.body_timeout_s)
-        return True
+    def _grow_head(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > self.limits.max_header_bytes and self._refusal is None:
+            self._refusal = (431, "request line and headers exceed the limit of "
+                                  f"{self.limits.max_header_bytes} bytes")
 
-    def _too_large(self, n: int) -> None:
-        # Not read: the connection closes after the answer (reading a body we refuse costs as much as
-        # accepting it).
-        self._close_after(_raw_response(
-            413, f"request body of {n} bytes exceeds the limit of {self.limits.max_body} bytes"))
+    def on_headers_complete(self) -> None:
+        if self._refusal is not None:
+            return
+        length = next((v for k, v in self._headers if k == b"content-length"), None)
+        if length is not None and length.strip().isdigit() and int(length) > self.limits.max_body:
+            # not read: the connection closes after the answer (reading a refused body costs as much)
+            self._refusal = (413, f"request body of {int(length)} bytes exceeds the limit of "
+                                  f"{self.limits.max_body} bytes")
+            return
+        if any(k == b"expect" and v.lower() == b"100-continue" for k, v in self._headers):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.state == "reading":
+            self._set_state("body", self.loop.time() + self.limits.body_timeout_s)
 
-    def _dispatch(self) -> None:
-        assert self.head is not None and self.transport is not None
-        self.transport.pause_reading()  # one request at a time per connection: pipelined bytes wait
-        self._set_state("busy", None)  # handlers bound their own waits; the server cannot stop a thread
-        head = self.head
-        target = head.target.decode("latin-1")
+    def on_body(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return
+        self._body += data
+        if len(self._body) > self.limits.max_body:
+            self._refusal = (413, f"request body exceeds the limit of {self.limits.max_body} bytes")
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        if self._refusal is not None:
+            return
+        target = self._url.decode("latin-1")
         path, _, query = target.partition("?")
         headers: dict[str, str] = {}
-        for k, v in head.headers:
+        for k, v in self._headers:
             name = k.decode("latin-1")
             val = v.decode("latin-1")
             headers[name] = f"{headers[name]}, {val}" if name in headers else val
-        req = Request(method=head.method.decode("latin-1"), path=path, query=query, headers=headers,
-                      body=bytes(self.body), peer=self.peer, listener=self.lst.name, peer_cert=self.peer_cert,
-                      tls=self.lst.ssl_context is not None)
-        self.body = bytearray()
+        req = Request(method=self.parser.get_method().decode("latin-1"), path=path, query=query,
+                      headers=headers, body=bytes(self._body), peer=self.peer, listener=self.lst.name,
+                      peer_cert=self.peer_cert, tls=self.lst.ssl_context is not None)
+        self._body = bytearray()
+        self.queue.append((req, self.parser.should_keep_alive()))
+
+    def _dispatch(self) -> None:
+        assert self.transport is not None
+        req, self.keep_alive = self.queue.popleft()
+        self.transport.pause_reading()  # one request at a time per connection: more bytes wait
+        self._set_state("busy", None)  # handlers bound their own waits; the server cannot stop a thread
+        self._method = req.method
         route, allowed = self.lst.match(req.method, req.path)
         if route is None:
             if allowed:
@@ -487,20 +499,12 @@ class _Connection(asyncio.Protocol):
     def respond(self, resp: Response) -> None:
         if self.state != "busy" or self.transport is None:
             return  # the peer went away while the handler ran
-        headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))),
-                   ("Server", self.server.name), *resp.headers]
-        try:
-            data = self.h11.send(h11.Response(status_code=resp.status, headers=headers,
-                                              reason=reason(resp.status).encode()))
-            data += self.h11.send(h11.Data(data=resp.body)) if resp.body else b""
-            data += self.h11.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as exc:  # e.g. a 1xx from a handler: a bug, answer plainly
-            logger.error("%s: cannot send response %d: %s", self.server.name, resp.status, exc)
-            self._close_after(_raw_response(500, "internal error: bad response"))
-            return
-        self.transport.write(data)
-        if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
-            self.transport.close()  # Connection: close (client asked, HTTP/1.0) or an unread body
+        if self._peer_eof:
+            self.keep_alive = False
+        self.transport.write(_encode(resp, self.server.name, not self.keep_alive,
+                                     head_only=self._method == "HEAD"))
+        if not self.keep_alive:
+            self.transport.close()  # Connection: close (client asked, or HTTP/1.0)
             self._set_state("closing", self.loop.time() + self.limits.write_timeout_s)
             return
         if self._write_paused:
@@ -510,15 +514,30 @@ class _Connection(asyncio.Protocol):
 
     def _next_request(self) -> None:
         assert self.transport is not None
-        try:
-            self.h11.start_next_cycle()
-        except h11.LocalProtocolError:
-            self.transport.close()
-            self._set_state("closing", self.loop.time() + self.limits.write_timeout_s)
+        if self.queue:  # pipelined: answer in order
+            self._dispatch()
             return
-        self._set_state("keepalive", self.loop.time() + self.limits.idle_timeout_s)
+        if self._in_message:  # the next request began while this one was answered: its head deadline runs
+            self._header_deadline = self.loop.time() + self.limits.header_timeout_s
+            self._set_state("reading", self._header_deadline)
+        else:
+            self._set_state("keepalive", self.loop.time() + self.limits.idle_timeout_s)
         self.transport.resume_reading()
-        self._process()  # a pipelined request may already be buffered in h11
+
+
+def _encode(resp: Response, server: str, close: bool, head_only: bool = False) -> bytes:
+    """A complete HTTP/1.1 response. Written by hand because it is a format string: the status line,
+    fixed headers and the handler's few extra ones (checked for CR/LF, the response-splitting bytes)."""
+    lines = [f"HTTP/1.1 {resp.status} {reason(resp.status)}", f"Content-Type: {resp.content_type}",
+             f"Content-Length: {len(resp.body)}", f"Server: {server}"]
+    if close:
+        lines.append("Connection: close")
+    for k, v in resp.headers:
+        if any(c in k or c in v for c in "\r\n"):
+            raise ValueError(f"response header {k!r}: CR/LF not allowed")
+        lines.append(f"{k}: {v}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + resp.body
 
 
 def listener_is_loopback(host: str) -> bool:
