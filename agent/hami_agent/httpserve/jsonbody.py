@@ -43,7 +43,7 @@ def _reject_constant(name: str) -> Any:
 
 def parse_json(raw: bytes, what: str, max_depth: int = MAX_DEPTH) -> Any:
     """Parse ``raw`` or raise ``HTTPError(400)`` naming ``what`` (e.g. ``/filter ExtenderArgs``)."""
-    if not raw.strip():
+    if not raw or raw.isspace():
         raise HTTPError(400, f"{what}: empty request body; send a JSON object")
     if too_deep(raw, max_depth):
         raise HTTPError(400, f"{what}: JSON nested more than {max_depth} levels deep; "

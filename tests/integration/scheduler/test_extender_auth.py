@@ -241,3 +241,20 @@ def test_token_over_plain_http_on_the_network_is_refused():
     with pytest.raises(ValueError, match="bearer tokens in clear text"):
         ExtenderHTTPServer(RecordingExtender(client=object()), None, host="0.0.0.0",
                            auth=AuthConfig("token"))
+
+
+def test_token_mode_on_its_own_listener_speaks_tls(pki, api_server):
+    """With --extender-bind-address, the verbs listener of mtls/token uses the TLS certificate too
+    (tokens never travel in clear text), while loopback mode's stays plain HTTP on 127.0.0.1."""
+    apiserver_reviews.configure(api_server, tokens={"t": {"username": SCHED_USER}},
+                                allow={(SCHED_USER, "*", "*", "*", "*", "*")})
+    ext = RecordingExtender(KubeClient.from_kubeconfig(api_server.kubeconfig_path, timeout_s=5))
+    srv = ExtenderHTTPServer(ext, None, host="127.0.0.1", cert_file=pki.server.cert, key_file=pki.server.key,
+                             extender_bind=("127.0.0.1", 0), auth=AuthConfig("token")).start()
+    try:
+        assert srv.extender_url.startswith("https://")
+        code, _, _ = call(srv.extender_port, "/filter", FILTER, ctx=client_ctx(pki),
+                          headers={"Authorization": "Bearer t"})
+        assert code == 200 and ext.calls == ["filter"]
+    finally:
+        srv.stop()

@@ -358,3 +358,33 @@ def test_handler_crash_is_a_500_with_an_error_id_and_no_exception_text(caplog):
 def test_wrong_method_is_405(plain):
     code, body = request(plain.port, "GET", "/filter")
     assert code == 405 and b"use POST" in body
+
+
+def test_expect_100_continue_and_half_close(plain):
+    """curl sends 'Expect: 100-continue' for bodies over 1 KiB; some clients half-close after sending."""
+    body = filter_body("c100")
+    s = socket.create_connection(("127.0.0.1", plain.port))
+    try:
+        s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.settimeout(5)
+        assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(body)
+        s.shutdown(socket.SHUT_WR)
+        data, closed = read_until_closed(s, 5)
+        assert data.startswith(b"HTTP/1.1 200 OK") and closed is not None
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["NodeNames"] == ["n1"]
+    finally:
+        s.close()
+
+
+def test_pipelined_request_started_during_an_answer_keeps_its_header_deadline(plain):
+    """A second request begun in the same packet as the first gets the header deadline (1 s here), not the
+    idle one: a slowloris cannot hide behind a complete first request."""
+    s = socket.create_connection(("127.0.0.1", plain.port))
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nPOST /filter HTTP/1.1\r\nHost: x\r\n")
+        data, closed = read_until_closed(s, 6)
+        assert data.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1 408 " in data and closed is not None
+    finally:
+        s.close()
