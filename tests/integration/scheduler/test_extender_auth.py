@@ -258,3 +258,15 @@ def test_token_mode_on_its_own_listener_speaks_tls(pki, api_server):
         assert code == 200 and ext.calls == ["filter"]
     finally:
         srv.stop()
+
+
+def test_profiling_only_on_loopback_listeners(pki):
+    srv = ExtenderHTTPServer(RecordingExtender(), None, host="0.0.0.0", cert_file=pki.server.cert,
+                             key_file=pki.server.key, extender_bind=("127.0.0.1", 0),
+                             profiling_enabled=True).start()
+    try:
+        assert call(srv.port, "/debug/pprof/goroutine", ctx=client_ctx(pki), method="GET")[0] == 404
+        code, text, _ = call(srv.extender_port, "/debug/pprof/goroutine", method="GET")
+        assert code == 200 and "thread " in text
+    finally:
+        srv.stop()

@@ -146,3 +146,16 @@ def test_agent_units_render_with_limits():
         settings = unit_settings(render("hami_agent", template, v))
         assert int(settings["LimitNOFILE"]) >= 1024, template
         assert settings["NoNewPrivileges"] == "yes", template
+
+
+def test_loopback_bind_host_keeps_one_listener():
+    """The sandbox's setting (bind 127.0.0.1, no TLS): the verbs stay on the one, already loopback,
+    listener, and kube-scheduler (the simulated one too) calls it there."""
+    v = role_vars("hami_scheduler", hami_scheduler_bind_host="127.0.0.1", hami_scheduler_port=18080,
+                  hami_scheduler_tls=False)
+    cmd = execstart(render("hami_scheduler", "hami-scheduler.service.j2", v))
+    assert "--bind-address 127.0.0.1:18080" in cmd and "--extender-bind-address" not in cmd
+    assert "--extender-auth loopback" in cmd and "--cert-file" not in cmd
+    cfg = yaml.safe_load(render("hami_scheduler", "kube-scheduler-config.yaml.j2", v))
+    ext = cfg["profiles"][0]["extenders"][0]
+    assert ext["urlPrefix"] == "http://127.0.0.1:18080" and ext["enableHTTPS"] is False
