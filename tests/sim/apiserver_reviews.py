@@ -10,7 +10,8 @@ groups, extra) for ``spec.token``, ``status.audiences`` when ``spec.audiences`` 
 ``nonResourceAttributes``. Malformed reviews are 400 like the real server's validation; any other verb
 on these resources is 405.
 
-Driven by a table the test sets with ``configure(api, tokens=..., allow=...)``:
+Driven by a table the test sets with ``configure(api, tokens=..., allow=...)`` (a token not in it is
+looked up in the simulator's request authentication, ``api.auth.lookup``, when there is one):
 ``tokens`` maps token → user (a dict ``{"username", "groups", "uid"}`` or any object with
 ``to_dict()``, e.g. the simulator's ``UserInfo``); ``allow`` is a set of
 ``(username_or_group, verb, group, resource, subresource, name)`` tuples (``"*"`` matches anything) or
@@ -86,11 +87,11 @@ def answer(api: Any, method: str, path: str, body: Any) -> tuple[int, dict] | No
         raise bad_request("the review must be a JSON object with a spec")
     spec = body["spec"]
     if path.rstrip("/") == TOKENREVIEWS:
-        return 201, _token_review(table, body, spec)
+        return 201, _token_review(api, table, spec)
     return 201, _access_review(table, body, spec)
 
 
-def _token_review(table: ReviewTable, body: dict, spec: dict) -> dict:
+def _token_review(api: Any, table: ReviewTable, spec: dict) -> dict:
     token = spec.get("token")
     if not isinstance(token, str) or not token:
         raise ApiError(422, "Invalid", 'TokenReview.authentication.k8s.io "" is invalid: spec.token: '
@@ -99,6 +100,10 @@ def _token_review(table: ReviewTable, body: dict, spec: dict) -> dict:
         table.calls.append(("TokenReview", {k: v for k, v in spec.items() if k != "token"}))
         user = table.tokens.get(token)
         audiences = table.token_audiences.get(token, ())
+    if user is None and hasattr(getattr(api, "auth", None), "lookup"):
+        # the simulator's own request authentication (ApiServer(auth=TokenTable)), when it has one
+        found = api.auth.lookup(token)
+        user = _user_dict(found) if found is not None else None
     status: dict[str, Any] = {"authenticated": False, "user": {}}
     wanted = spec.get("audiences") or []
     if user is None:
