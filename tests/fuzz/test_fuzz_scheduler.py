@@ -12,7 +12,7 @@ import statistics
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hami_agent.k8s.client import KubeClient
@@ -106,8 +106,19 @@ def stack():
     api.close()
 
 
+def _with(template: dict, path: tuple, value) -> dict:
+    doc = json.loads(json.dumps(template))
+    obj = doc
+    for k in path[:-1]:
+        obj = obj[k]
+    obj[path[-1]] = value
+    return doc
+
+
 @FUZZ
 @given(body=mutated(FILTER), verb=st.sampled_from(["/filter", "/prioritize"]))
+@example(body=_with(FILTER, ("Pod", "spec"), None), verb="/filter")
+@example(body=_with(FILTER, ("Pod", "metadata"), None), verb="/filter")
 def test_extender_args_mutations(stack, body, verb):
     stack[1].check(verb, json.dumps(body).encode())
 
@@ -131,6 +142,9 @@ def test_binding_args_mutations(stack, body):
 
 @FUZZ
 @given(body=mutated(REVIEW))
+# found by this suite: "spec": null reached the webhook's setdefault() and answered 500
+@example(body=_with(REVIEW, ("request", "object", "spec"), None))
+@example(body=_with(REVIEW, ("request", "object", "metadata"), None))
 def test_admission_review_mutations(stack, body):
     stack[1].check("/webhook", json.dumps(body).encode())
 

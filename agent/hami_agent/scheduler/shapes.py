@@ -75,8 +75,13 @@ def _quantities(v: Any, path: str) -> None:
 
 
 def validate_pod(pod: Any, path: str) -> None:
-    """The parts of a core/v1 Pod the scheduler and webhook read."""
+    """The parts of a core/v1 Pod the scheduler and webhook read. ``metadata`` and ``spec`` are Go
+    structs (never null on the wire: kube-scheduler and the API server always send objects), so a
+    present null is refused like any other wrong type."""
     _obj(pod, path, required=True)
+    for f in ("metadata", "spec"):
+        if f in pod and pod[f] is None:
+            raise _bad(f"{path}.{f}", "an object", None)
     meta = _obj(pod.get("metadata"), f"{path}.metadata")
     if meta is not None:
         for f in ("name", "namespace", "uid", "generateName", "resourceVersion"):
