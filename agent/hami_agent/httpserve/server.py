@@ -116,10 +116,11 @@ class HttpServer:
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        if self._thread is None:
+        if self._thread is None:  # never started
             for s in self._socks.values():
                 s.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._loop.close()
             return
         done = threading.Event()
 
@@ -131,11 +132,12 @@ class HttpServer:
                 log.v(logger, 4, "%s: closed listener %s", self.name, lname)
             for conn in list(self._conns):
                 conn.abort()
-            self._loop.stop()
+            # a few more iterations let cancelled handshakes release their sockets before the loop ends
+            self._loop.call_later(0.05, self._loop.stop)
             done.set()
 
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(shutdown)
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(shutdown)  # queued even if run_forever has not begun yet
             done.wait(timeout_s)
         self._thread.join(timeout_s)
         self._executor.shutdown(wait=False, cancel_futures=True)
