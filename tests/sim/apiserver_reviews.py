@@ -14,10 +14,12 @@ Driven by a table the test sets with ``configure(api, tokens=..., allow=...)`` (
 looked up in the simulator's request authentication, ``api.auth.lookup``, when there is one):
 ``tokens`` maps token → user (a dict ``{"username", "groups", "uid"}`` or any object with
 ``to_dict()``, e.g. the simulator's ``UserInfo``); ``allow`` is a set of
-``(username_or_group, verb, group, resource, subresource, name)`` tuples (``"*"`` matches anything) or
-a callable ``(spec) -> bool``. Unconfigured: every token is unknown and nothing is allowed (harsh,
-never kinder than a real server). Gaps: no token expiry or audience binding beyond equality with a
-token's registered audiences, no authorizer chain (Node, webhook), no ``selfsubjectaccessreviews``."""
+``(username_or_group, verb, group, resource, subresource, name)`` tuples (``"*"`` matches anything), a
+callable ``(spec) -> bool``, or None (the default): the simulator's own RBAC authorizer decides
+(``ApiServer(rbac=True)``), and without one nothing is allowed (harsh, never kinder than a real server).
+Unconfigured, a token is known only to the simulator's request authentication. Gaps: no token expiry
+or audience binding beyond equality with a token's registered audiences, no authorizer chain (Node,
+webhook), no ``selfsubjectaccessreviews``."""
 
 from __future__ import annotations
 
@@ -38,11 +40,13 @@ Rule = tuple[str, str, str, str, str, str]
 class ReviewTable:
     tokens: dict[str, dict] = field(default_factory=dict)
     token_audiences: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    allow: set[Rule] | Callable[[dict], bool] = field(default_factory=set)
+    allow: set[Rule] | Callable[[dict], bool] | None = None  # None: the simulator's RBAC, when it has one
     calls: list[tuple[str, dict]] = field(default_factory=list)  # (kind, spec) of every review answered
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def allowed(self, spec: dict) -> bool:
+    def allowed(self, spec: dict, api: Any = None) -> bool:
+        if self.allow is None:
+            return _rbac_allows(api, spec)
         if callable(self.allow):
             return bool(self.allow(spec))
         ra = spec.get("resourceAttributes") or {}
@@ -55,6 +59,26 @@ class ReviewTable:
             if (subject == "*" or subject in who) and matches:
                 return True
         return False
+
+
+def _rbac_allows(api: Any, spec: dict) -> bool:
+    """The simulator's own RBAC authorizer (``ApiServer(rbac=True)``), when there is one; else deny."""
+    rbac = getattr(api, "rbac", None)
+    if rbac is None or not hasattr(rbac, "authorize"):
+        return False
+    from tests.sim.apiserver_auth import UserInfo
+    from tests.sim.apiserver_rbac import RequestAttributes
+
+    user = UserInfo(spec.get("user") or "", tuple(spec.get("groups") or ()), spec.get("uid") or "")
+    ra, nra = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+    if ra:
+        attrs = RequestAttributes(verb=ra.get("verb", ""), group=ra.get("group", ""),
+                                  version=ra.get("version", ""), resource=ra.get("resource", ""),
+                                  subresource=ra.get("subresource", ""), namespace=ra.get("namespace", ""),
+                                  name=ra.get("name", ""))
+    else:
+        attrs = RequestAttributes(verb=nra.get("verb", ""), path=nra.get("path", ""))
+    return bool(rbac.authorize(user, attrs)[0])
 
 
 def _user_dict(user: Any) -> dict:
@@ -70,7 +94,7 @@ def configure(api: Any, tokens: Mapping[str, Any] | None = None,
     table = ReviewTable(
         tokens={t: _user_dict(u) for t, u in (tokens or {}).items()},
         token_audiences={t: tuple(a) for t, a in (token_audiences or {}).items()},
-        allow=allow if callable(allow) else set(allow or ()))
+        allow=allow if callable(allow) or allow is None else set(allow))
     api._reviews = table
     return table
 
@@ -88,7 +112,7 @@ def answer(api: Any, method: str, path: str, body: Any) -> tuple[int, dict] | No
     spec = body["spec"]
     if path.rstrip("/") == TOKENREVIEWS:
         return 201, _token_review(api, table, spec)
-    return 201, _access_review(table, body, spec)
+    return 201, _access_review(api, table, spec)
 
 
 def _token_review(api: Any, table: ReviewTable, spec: dict) -> dict:
@@ -118,7 +142,7 @@ def _token_review(api: Any, table: ReviewTable, spec: dict) -> dict:
             "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
 
 
-def _access_review(table: ReviewTable, body: dict, spec: dict) -> dict:
+def _access_review(api: Any, table: ReviewTable, spec: dict) -> dict:
     if not spec.get("user") and not spec.get("groups"):
         raise ApiError(422, "Invalid", 'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.user: '
                                        "Invalid value: \"\": at least one of user or group must be specified")
@@ -128,7 +152,7 @@ def _access_review(table: ReviewTable, body: dict, spec: dict) -> dict:
                                        "nonResourceAttributes or resourceAttributes must be specified")
     with table.lock:
         table.calls.append(("SubjectAccessReview", spec))
-    ok = table.allowed(spec)
+    ok = table.allowed(spec, api)
     status: dict[str, Any] = {"allowed": ok}
     if not ok:
         status["reason"] = "no RBAC policy matched"
