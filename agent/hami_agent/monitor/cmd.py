@@ -182,8 +182,9 @@ def _serve(args: argparse.Namespace, mon: Any, root: str, host: str, port: int, 
     import signal
     import threading
 
-    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+    from prometheus_client import CollectorRegistry, generate_latest
 
+    from hami_agent.httpserve.ops import ops_server
     from hami_agent.monitor.collector import error_reason
 
     registry = CollectorRegistry()
@@ -220,7 +221,8 @@ def _serve(args: argparse.Namespace, mon: Any, root: str, host: str, port: int, 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        # the shared serving layer (bounded connections, read/idle deadlines); /metrics is read-only
+        server = ops_server(args.metrics_bind, registry, name="monitor").start()
     except OSError as exc:
         logger.error("listen on %s failed: %s", args.metrics_bind, exc)
         return 1
@@ -232,7 +234,6 @@ def _serve(args: argparse.Namespace, mon: Any, root: str, host: str, port: int, 
         stop.wait()
     finally:
         mon.stop()
-        server.shutdown()
-        server.server_close()
+        server.stop()
     logger.info("vGPU monitor stopped")
     return 0

@@ -38,7 +38,8 @@ class SchedulerApp:
                  metrics_bind: tuple[str, int] | None = None, register_interval_s: float = 15.0,
                  node_label_selector: str | None = None, leader_kwargs: dict | None = None,
                  tune_gc: bool = False, advertise_url: str | None = None,
-                 forward: ForwardSettings | None = None, audit_interval_s: float = AUDIT_INTERVAL_S) -> None:
+                 forward: ForwardSettings | None = None, audit_interval_s: float = AUDIT_INTERVAL_S,
+                 serving: dict | None = None) -> None:
         self.client = client
         self.config = config or SchedulerConfig()
         self.cache = UsageCache()
@@ -67,14 +68,15 @@ class SchedulerApp:
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
                                          cert_file=cert_file, key_file=key_file,
                                          registry=self.metrics.registry, ready=self.ready,
-                                         profiling_enabled=profiling, max_body=max_body, metrics=self.metrics)
+                                         profiling_enabled=profiling, max_body=max_body, metrics=self.metrics,
+                                         # serving: extender auth, listeners, limits (scheduler/cmd.py)
+                                         metrics_bind=metrics_bind, **(serving or {}))
         self.advertise_url = advertise_url or default_advertise_url(host, self.server.port, bool(cert_file))
         if self.elector is not None:  # followers forward /filter and /bind to this URL while we lead
             self.elector.annotations[URL_ANNOTATION] = self.advertise_url
         self.gate.on_ready(lambda: self.healer.submit("audit-now", self._audit_once))
         self.metrics_bind = metrics_bind
         self.tune_gc = tune_gc  # process-wide GC settings: the cmd (own process) turns it on, tests do not
-        self._metrics_server: Any = None
         self._sync_waiter: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -105,12 +107,7 @@ class SchedulerApp:
             self.elector.start()
         self._sync_waiter = threading.Thread(target=self._await_sync, name="cache-sync", daemon=True)
         self._sync_waiter.start()
-        self.server.start()
-        if self.metrics_bind is not None:
-            from prometheus_client import start_http_server
-
-            host, port = self.metrics_bind
-            self._metrics_server, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+        self.server.start()  # every listener, the metrics one included
         return self
 
     def _audit(self) -> float:
@@ -149,5 +146,3 @@ class SchedulerApp:
         self.events.stop()
         if self.gate.forwarder is not None:
             self.gate.forwarder.close()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()

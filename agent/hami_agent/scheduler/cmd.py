@@ -77,6 +77,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--register-interval", type=parse_duration, default=15.0, help="node register loop period")
     p.add_argument("--force-overwrite-default-scheduler", default="true", choices=("true", "false"))
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
+    # -- who may call /filter, /prioritize, /bind (docs/scheduler.md "Authentication")
+    p.add_argument("--extender-auth", choices=("loopback", "mtls", "token"), default="loopback",
+                   help="loopback: verbs on a loopback listener only (default); mtls: client certificate "
+                        "signed by --client-ca-file; token: bearer token checked with TokenReview and "
+                        "SubjectAccessReview")
+    p.add_argument("--extender-bind-address", default="",
+                   help="separate listener for the extender verbs (e.g. 127.0.0.1:9444); --bind-address then "
+                        "serves the webhook, health and metrics only")
+    p.add_argument("--client-ca-file", default="",
+                   help="mtls: CA that signs kube-scheduler's client certificate")
+    p.add_argument("--extender-allowed-cns", default="",
+                   help="mtls: comma-separated client certificate CNs allowed (default: any the CA signed)")
+    p.add_argument("--extender-token-audiences", default="",
+                   help="token: comma-separated TokenReview audiences (default: the API server's)")
+    # -- serving bounds (docs/scheduler.md "Serving")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections of all listeners together; idle ones are evicted for new ones, "
+                        "beyond that 503 (default 1024; the unit's LimitNOFILE allows it)")
+    p.add_argument("--request-workers", type=int, default=8,
+                   help="request handler threads (default 8); up to 4x as many requests wait, then 503")
     p.add_argument("--profiling", action="store_true",
                    help="serve /debug/pprof/profile?seconds=N (CPU, folded stacks) and "
                         "/debug/pprof/goroutine (thread dump)")
@@ -109,6 +129,34 @@ def build_config(args: argparse.Namespace):
         runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "")
 
 
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def build_serving(args: argparse.Namespace) -> dict:
+    """The ``serving`` keyword arguments of ``SchedulerApp``: authentication and serving bounds."""
+    from hami_agent.httpserve import Limits
+    from hami_agent.scheduler.auth import AuthConfig
+    from hami_agent.scheduler.server import parse_bind
+
+    if args.max_connections < 16:
+        raise ValueError(f"--max-connections {args.max_connections}: want at least 16")
+    if not 1 <= args.request_workers <= 256:
+        raise ValueError(f"--request-workers {args.request_workers}: want 1 to 256")
+    if args.extender_auth == "mtls" and not (args.client_ca_file and args.cert_file and args.key_file):
+        raise ValueError("--extender-auth=mtls needs --client-ca-file, --cert-file and --key-file")
+    if args.client_ca_file and args.extender_auth != "mtls":
+        raise ValueError("--client-ca-file is used only with --extender-auth=mtls")
+    auth = AuthConfig(mode=args.extender_auth, client_ca_file=args.client_ca_file,
+                      allowed_cns=_csv(args.extender_allowed_cns),
+                      token_audiences=_csv(args.extender_token_audiences), scheduler_name=args.scheduler_name)
+    ext = (parse_bind(args.extender_bind_address, default_host="127.0.0.1")
+           if args.extender_bind_address else None)
+    limits = Limits(max_connections=args.max_connections, workers=args.request_workers,
+                    max_queued=4 * args.request_workers, max_body=args.max_body_bytes)
+    return {"auth": auth, "extender_bind": ext, "limits": limits}
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import signal
@@ -136,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         forward = ForwardSettings(ca_file=args.forward_ca_file or None,
                                   cert_file=args.forward_cert_file or None,
                                   key_file=args.forward_key_file or None)
+        serving = build_serving(args)
     except (ValueError, OSError) as exc:
         logger.error("bad flags: %s", exc)
         return 2
@@ -150,8 +199,11 @@ def run(args: argparse.Namespace) -> int:
             profiling=args.profiling, max_body=args.max_body_bytes, metrics_bind=mhost_port,
             register_interval_s=args.register_interval, node_label_selector=args.node_label_selector,
             tune_gc=True, leader_kwargs=leader_kwargs, advertise_url=args.advertise_url or None,
-            forward=forward)
+            forward=forward, serving=serving)
         app.start()
+    except ValueError as exc:  # a listener/auth combination that would not protect the verbs
+        logger.error("bad flags: %s", exc)
+        return 2
     except Exception as exc:
         logger.error("scheduler failed to start: %s", exc)
         return 1

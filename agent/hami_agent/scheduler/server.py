@@ -1,200 +1,249 @@
-"""The extender's HTTP server: /filter /bind /prioritize /webhook /healthz /readyz /metrics and, with
-``--profiling``, /debug/pprof/{profile,goroutine}.
+"""The scheduler's listeners: extender verbs (/filter /prioritize /bind), the admission webhook
+(/webhook), /healthz /livez /readyz /metrics and, with ``--profiling`` on a loopback listener,
+/debug/pprof/{profile,goroutine}.
 
-Why the stdlib ``ThreadingHTTPServer``: kube-scheduler sends one request at a time per pod over a
-keep-alive connection, the handlers are CPU-bound Python (an event loop would not add concurrency
-under the GIL), and it has no dependency beyond the standard library; TLS is an ``ssl`` wrap."""
+Serving (deadlines, connection and thread bounds, 413/503/408) is ``hami_agent.httpserve``; who may
+call the verbs is ``scheduler.auth``; the request shapes are checked by ``scheduler.shapes`` before a
+handler sees them. Listeners:
+
+- ``main`` (``--bind-address``): webhook, health, metrics; also the verbs unless they have their own
+  listener.
+- ``extender`` (``--extender-bind-address``, optional): the verbs (and health). With
+  ``--extender-auth=loopback`` on a non-loopback ``--bind-address`` this is where kube-scheduler calls.
+- ``metrics`` (``--metrics-bind``, optional): /metrics and /healthz only."""
 
 from __future__ import annotations
 
-import json
 import logging
-import ssl
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
-from hami_agent import log
-from hami_agent.scheduler import profiling
+from hami_agent.httpserve import HTTPError, HttpServer, Limits, Listener, Request, Response, Route
+from hami_agent.httpserve import listener_is_loopback as is_loopback
+from hami_agent.httpserve.jsonbody import parse_json
+from hami_agent.httpserve.ops import healthz_route, metrics_route
+from hami_agent.httpserve.tls import server_context
+from hami_agent.scheduler import auth as authn
+from hami_agent.scheduler import profiling, shapes
 from hami_agent.scheduler.extender import BadRequest
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB, like HAMi's io.LimitReader
+VERBS = ("filter", "prioritize", "bind")
 
 
 def parse_bind(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
     """``host:port`` or ``:port`` → (host, port); raises ValueError naming the flag value."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"bind address {addr!r}: want host:port or :port")
     return (host.strip("[]") or default_host), int(port)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
-
-class ExtenderHTTPServer:
-    """Owns the listening socket and a serving thread; ``routes`` map (method, path) to handlers that
-    take the parsed JSON body and return a JSON-able object."""
-
-    def __init__(self, extender: Any = None, webhook: Any = None, *, host: str = "127.0.0.1", port: int = 0,
-                 cert_file: str | None = None, key_file: str | None = None, registry: Any = None,
-                 ready: Callable[[], bool] | None = None, profiling_enabled: bool = False,
-                 max_body: int = DEFAULT_MAX_BODY, metrics: Any = None,
-                 routes: dict[str, Callable[[Any], Any]] | None = None) -> None:
-        self.routes: dict[str, Callable[[Any], Any]] = dict(routes or {})
-        if extender is not None:
-            self.routes.setdefault("/filter", extender.filter)
-            self.routes.setdefault("/bind", extender.bind)
-            self.routes.setdefault("/prioritize", prioritize)
-        if webhook is not None:
-            self.routes.setdefault("/webhook", webhook.review)
-        self.registry = registry
-        self.ready = ready or (lambda: True)
-        self.profiling = profiling_enabled
-        self.max_body = max_body
-        self.metrics = metrics
-        self.tls = bool(cert_file)
-        handler = type("Handler", (_Handler,), {"app": self})
-        self.httpd = _Server((host, port), handler)
-        if cert_file:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(cert_file, key_file or None)
-            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self.httpd.server_address[1]
-
-    @property
-    def url(self) -> str:
-        host = self.httpd.server_address[0]
-        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
-
-    def start(self) -> ExtenderHTTPServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="extender-http", daemon=True)
-        self._thread.start()
-        logger.info("scheduler extender listening on %s", self.url)
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
 
 
 def prioritize(args: Any) -> list[dict]:
     """HAMi has no prioritize verb (the node is chosen in /filter); answer a neutral HostPriorityList."""
     if not isinstance(args, dict):
         raise BadRequest("ExtenderArgs: body must be a JSON object")
-    names = args.get("NodeNames") or args.get("nodenames") or [
-        (n.get("metadata") or {}).get("name") for n in ((args.get("Nodes") or args.get("nodes") or {})
-                                                        .get("items") or [])]
+    names = shapes.get_ci(args, "NodeNames")
+    if names is None:
+        nodes = shapes.get_ci(args, "Nodes") or {}
+        names = [(n.get("metadata") or {}).get("name") for n in (shapes.get_ci(nodes, "items") or [])]
     return [{"Host": n, "Score": 0} for n in names]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    app: ExtenderHTTPServer
-    protocol_version = "HTTP/1.1"  # keep-alive, as kube-scheduler's client expects
-    # Headers and body go out in two writes; with Nagle on, the second waits for the client's
-    # delayed ACK (~40 ms per request on Linux).
-    disable_nagle_algorithm = True
-    server_version = "hami-scheduler"
+_SHAPES: dict[str, Callable[[Any], Any]] = {
+    "/filter": shapes.extender_args, "/prioritize": shapes.extender_args, "/bind": shapes.binding_args,
+    "/webhook": shapes.admission_review}
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.v(logger, 5, "%s " + format, self.client_address[0], *args)
 
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+class ExtenderHTTPServer:
+    """The scheduler process's HTTP listeners (see the module docstring). ``routes`` adds JSON POST
+    routes (path → handler taking the parsed body), served like the built-in ones."""
 
-    def _error(self, code: int, message: str) -> None:
-        self._send(code, json.dumps({"error": message}).encode())
+    def __init__(self, extender: Any = None, webhook: Any = None, *, host: str = "127.0.0.1", port: int = 0,
+                 cert_file: str | None = None, key_file: str | None = None, registry: Any = None,
+                 ready: Callable[[], bool] | None = None, profiling_enabled: bool = False,
+                 max_body: int = DEFAULT_MAX_BODY, metrics: Any = None,
+                 routes: dict[str, Callable[[Any], Any]] | None = None,
+                 auth: authn.AuthConfig | authn.Authenticator | None = None,
+                 extender_bind: tuple[str, int] | None = None, metrics_bind: tuple[str, int] | None = None,
+                 limits: Limits | None = None, name: str = "hami-scheduler") -> None:
+        json_routes: dict[str, Callable[[Any], Any]] = dict(routes or {})
+        validated: set[str] = set()
+        if extender is not None:
+            verbs = (("/filter", extender.filter), ("/bind", extender.bind), ("/prioritize", prioritize))
+            for path, fn in verbs:
+                if path not in json_routes:
+                    json_routes[path] = fn
+                    validated.add(path)
+        if webhook is not None and "/webhook" not in json_routes:
+            json_routes["/webhook"] = webhook.review
+            validated.add("/webhook")
+        config = auth if isinstance(auth, authn.AuthConfig) else authn.AuthConfig()
+        mode = auth.mode if auth is not None else config.mode
+        verb_paths = {p for p in json_routes if p.strip("/") in VERBS}
+        verbs_host = extender_bind[0] if extender_bind else host
+        self._check_auth_placement(mode, verbs_host, bool(extender_bind), cert_file)
+        self.auth = auth if isinstance(auth, authn.Authenticator) else authn.build(
+            config, client=getattr(extender, "client", None))
+        self.registry = registry
+        self.ready = ready or (lambda: True)
+        self.metrics = metrics
+        self.tls = bool(cert_file)
+        limits = limits or Limits()
+        self.limits = replace(limits, max_body=max_body)
 
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        path = url.path
-        if path in ("/healthz", "/livez"):
-            self._send(200, b"ok", "text/plain")
-        elif path == "/readyz":
-            ok = self.app.ready()
-            self._send(200 if ok else 503, b"ok" if ok else b"not ready: caches not synced or not leader",
-                       "text/plain")
-        elif path == "/metrics" and self.app.registry is not None:
-            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        client_ca = config.client_ca_file if self.auth.mode == "mtls" else None
+        main_ctx = server_context(cert_file, key_file, client_ca if not extender_bind else None) \
+            if cert_file else None
 
-            self._send(200, generate_latest(self.app.registry), CONTENT_TYPE_LATEST)
-        elif path.startswith("/debug/pprof") and self.app.profiling:
-            self._pprof(path, parse_qs(url.query))
-        else:
-            self._error(404, f"no route GET {path}")
+        def post(path: str) -> Route:
+            return Route(self._json_handler(path, json_routes[path], path in validated))
 
-    def _pprof(self, path: str, query: dict[str, list[str]]) -> None:
-        if path.rstrip("/") == "/debug/pprof":
-            self._send(200, b"profile?seconds=N  CPU profile (folded stacks)\ngoroutine  thread dump\n",
-                       "text/plain")
-        elif path == "/debug/pprof/profile":
-            try:
-                seconds = float(query.get("seconds", ["30"])[0])
-            except ValueError:
-                self._error(400, "seconds: not a number")
-                return
-            self._send(200, profiling.cpu_profile(seconds).encode(), "text/plain")
-        elif path in ("/debug/pprof/goroutine", "/debug/pprof/threads"):
-            self._send(200, profiling.thread_dump().encode(), "text/plain")
-        else:
-            self._error(404, f"no profile {path}")
+        common: dict[tuple[str, str], Route] = {
+            ("GET", "/healthz"): healthz_route(), ("GET", "/livez"): healthz_route(),
+            ("GET", "/readyz"): Route(self._readyz, inline=True)}
+        if registry is not None:
+            common[("GET", "/metrics")] = metrics_route(registry)
+        pprof = {("GET", "/debug/pprof*"): Route(self._pprof)} if profiling_enabled else {}
 
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path
-        route = self.app.routes.get(path)
-        if route is None:
-            self._error(404, f"no route POST {path}")
-            return
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self._error(411, "Content-Length required")
-            return
-        n = int(length)
-        if n > self.app.max_body:
-            self.close_connection = True  # do not read the oversized body
-            self._error(413, f"request body of {n} bytes exceeds the limit of {self.app.max_body} bytes")
-            return
-        raw = self.rfile.read(n)
-        if not raw:
-            self._error(400, "empty request body")
-            return
-        try:
-            args = json.loads(raw)
-        except ValueError as exc:
-            self._error(400, f"malformed JSON body for {path}: {exc}")
-            return
+        main_routes = dict(common)
+        main_routes.update({("POST", p): post(p) for p in json_routes
+                            if p not in verb_paths or not extender_bind})
+        listeners = [Listener("main", host, port, main_routes, main_ctx)]
+        if pprof and is_loopback(host):
+            main_routes.update(pprof)
+        if extender_bind:
+            # loopback: plain HTTP on 127.0.0.1 (kube-scheduler's urlPrefix http://...); mtls and token: TLS
+            ext_ctx = (server_context(cert_file, key_file, client_ca)
+                       if cert_file and self.auth.mode != "loopback" else None)
+            ext_routes = dict(common)
+            ext_routes.update({("POST", p): post(p) for p in verb_paths})
+            ext_routes.update(pprof)  # the extender listener is loopback unless mtls/token chose otherwise
+            if pprof and not is_loopback(extender_bind[0]):
+                for k in pprof:
+                    ext_routes.pop(k)
+            listeners.append(Listener("extender", extender_bind[0], extender_bind[1], ext_routes, ext_ctx))
+        if metrics_bind is not None and registry is not None:
+            listeners.append(Listener("metrics", metrics_bind[0], metrics_bind[1], {
+                ("GET", "/metrics"): metrics_route(registry), ("GET", "/healthz"): healthz_route()}))
+        if profiling_enabled and not any(("GET", "/debug/pprof*") in lst.routes for lst in listeners):
+            logger.warning("--profiling: /debug/pprof is served only on a loopback listener and none is "
+                           "configured; set --bind-address or --extender-bind-address to 127.0.0.1:PORT")
+        self._server = HttpServer(listeners, self.limits, name=name)
+        self._extender_listener = "extender" if extender_bind else "main"
+
+    @staticmethod
+    def _check_auth_placement(mode: str, verbs_host: str, separate: bool, cert_file: str | None) -> None:
+        """Refuse configurations where the chosen mode would not protect the verbs."""
+        flag = "--extender-bind-address" if separate else "--bind-address"
+        if mode == "loopback" and not is_loopback(verbs_host):
+            raise ValueError(
+                f"--extender-auth=loopback serves /filter, /prioritize and /bind on loopback only, but "
+                f"{flag} is {verbs_host or '0.0.0.0'}: set --extender-bind-address 127.0.0.1:PORT "
+                "(kube-scheduler's urlPrefix) and keep --bind-address for the webhook, or choose "
+                "--extender-auth=mtls or token")
+        if mode == "mtls" and not cert_file:
+            raise ValueError("--extender-auth=mtls needs TLS: set --cert-file, --key-file and "
+                             "--client-ca-file")
+        if mode == "token" and not cert_file and not is_loopback(verbs_host):
+            raise ValueError(f"--extender-auth=token on {flag} {verbs_host or '0.0.0.0'} without TLS would "
+                             "send bearer tokens in clear text: set --cert-file and --key-file")
+
+    # -- properties and lifecycle
+    @property
+    def port(self) -> int:
+        return self._server.port("main")
+
+    @property
+    def extender_port(self) -> int:
+        return self._server.port(self._extender_listener)
+
+    def listener_port(self, name: str) -> int:
+        return self._server.port(name)
+
+    def _url(self, listener: str, tls: bool) -> str:
+        host, port = self._server.address(listener)
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if tls else 'http'}://{host}:{port}"
+
+    @property
+    def url(self) -> str:
+        return self._url("main", self.tls)
+
+    @property
+    def extender_url(self) -> str:
+        lst = self._server.listeners[self._extender_listener]
+        return self._url(self._extender_listener, lst.ssl_context is not None)
+
+    @property
+    def stats(self) -> Any:
+        return self._server.stats
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.open_connections
+
+    def start(self) -> ExtenderHTTPServer:
+        self._server.start()
+        logger.info("scheduler listening on %s (extender verbs on %s, --extender-auth=%s)", self.url,
+                    self.extender_url, self.auth.mode)
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    # -- handlers
+    def _json_handler(self, path: str, fn: Callable[[Any], Any],
+                      validate: bool) -> Callable[[Request], Response]:
         verb = path.strip("/")
-        t0 = time.perf_counter()
+        needs_auth = verb in VERBS
+        shape = _SHAPES.get(path) if validate else None
+        what = {"/filter": "ExtenderArgs", "/prioritize": "ExtenderArgs", "/bind": "ExtenderBindingArgs",
+                "/webhook": "AdmissionReview"}.get(path, "body")
+
+        def handler(req: Request) -> Response:
+            if needs_auth:
+                self.auth.check(req, verb)  # raises 401/403 before anything is parsed or decided
+            args = parse_json(req.body, f"{path} {what}")
+            if shape is not None:
+                shape(args)
+            t0 = time.perf_counter()
+            try:
+                result = fn(args)
+            except BadRequest as exc:
+                raise HTTPError(400, str(exc)) from None
+            finally:
+                if self.metrics is not None:
+                    self.metrics.latency.labels(verb).observe(time.perf_counter() - t0)
+            return Response.json(result)
+
+        return handler
+
+    def _readyz(self, _req: Request) -> Response:
         try:
-            result = route(args)
-        except BadRequest as exc:
-            self._error(400, str(exc))
-            return
+            ok = bool(self.ready())
         except Exception as exc:
-            logger.exception("%s failed", path)
-            self._error(500, f"{verb} failed: {exc}")
-            return
-        finally:
-            if self.app.metrics is not None:
-                self.app.metrics.latency.labels(verb).observe(time.perf_counter() - t0)
-        self._send(200, json.dumps(result, separators=(",", ":")).encode())
+            logger.warning("readiness check failed: %s", exc)
+            ok = False
+        return Response.text("ok" if ok else "not ready: caches not synced or not leader", 200 if ok else 503)
+
+    def _pprof(self, req: Request) -> Response:
+        path = req.path
+        if path.rstrip("/") == "/debug/pprof":
+            return Response.text("profile?seconds=N  CPU profile (folded stacks)\ngoroutine  thread dump\n")
+        if path == "/debug/pprof/profile":
+            raw = parse_qs(req.query).get("seconds", ["30"])[0]
+            try:
+                seconds = float(raw)
+            except ValueError:
+                raise HTTPError(400, f"seconds: {raw!r} is not a number") from None
+            return Response.text(profiling.cpu_profile(seconds))
+        if path in ("/debug/pprof/goroutine", "/debug/pprof/threads"):
+            return Response.text(profiling.thread_dump())
+        raise HTTPError(404, f"no profile {path}")

@@ -200,9 +200,9 @@ def test_health_ready_metrics_profiling(env):
                     if line.startswith("GPUDeviceMemoryAllocated{") and 'nodeid="n1"' in line)
     assert allocated == 100 * 1024 * 1024
     code, body = get(srv, "/debug/pprof/goroutine")
-    assert code == 200 and b"thread extender-http" in body
+    assert code == 200 and b"thread hami-scheduler-loop" in body
     code, body = get(srv, "/debug/pprof/profile?seconds=0.3")
-    assert code == 200 and b"serve_forever" in body
+    assert code == 200 and b"run_forever" in body
 
 
 def test_readyz_503_until_ready():
