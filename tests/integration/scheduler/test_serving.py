@@ -20,7 +20,7 @@ from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.server import ExtenderHTTPServer
 from tests.integration.scheduler.pki import make_pki
-from tests.unit.scheduler.helpers import dev, gpu_pod
+from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -28,23 +28,26 @@ FAST = Limits(max_connections=256, workers=4, max_queued=4, handshake_timeout_s=
               body_timeout_s=1.5, idle_timeout_s=3.0, write_timeout_s=3.0)
 
 
-class NoopClient:
-    def patch_pod_metadata(self, *a, **k):
-        return {}
-
-    def list_resource_quotas(self, ns):
-        return []
-
-    def create_event(self, *a, **k):
-        return None
-
-
 def extender() -> Extender:
+    """An extender over a fake API (``FakePodClient``): it reads each pod's state from the API by
+    namespace, name and uid, never from the request body, so every pod a test filters is created there
+    first (``filter_body``)."""
     cache = UsageCache()
     cache.set_node("n1", [dev(0, uuid="GPU-n1-0", mem=81920)])
-    ext = Extender(cache, SchedulerConfig(), NoopClient())
+    ext = Extender(cache, SchedulerConfig(), FakePodClient())
     ext.synced.set()
     return ext
+
+
+def serve(ext: Extender, webhook=None, **kwargs) -> ExtenderHTTPServer:
+    srv = ExtenderHTTPServer(ext, webhook, **kwargs).start()
+    srv.ext = ext  # filter_body creates its pods in ext.client
+    return srv
+
+
+def shutdown(srv: ExtenderHTTPServer) -> None:
+    srv.stop()
+    srv.ext.healer.stop()
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +57,17 @@ def pki(tmp_path_factory):
 
 @pytest.fixture
 def plain():
-    srv = ExtenderHTTPServer(extender(), None, limits=FAST, max_body=64 * 1024).start()
+    srv = serve(extender(), limits=FAST, max_body=64 * 1024)
     yield srv
-    srv.stop()
+    shutdown(srv)
 
 
-def filter_body(name: str = "p1") -> bytes:
-    return json.dumps({"Pod": gpu_pod(name, mem=100), "NodeNames": ["n1"]}).encode()
+def filter_body(srv: ExtenderHTTPServer, name: str = "p1", node_names: tuple[str, ...] = ("n1",)) -> bytes:
+    """kube-scheduler's /filter body for a pending GPU pod that exists in the extender's API (the body
+    names the pod; its state comes from the API)."""
+    pod = gpu_pod(name, mem=100)
+    srv.ext.client.add(pod)
+    return json.dumps({"Pod": pod, "NodeNames": list(node_names)}).encode()
 
 
 def request(port: int, method: str, path: str, body: bytes = b"", *, ctx: ssl.SSLContext | None = None,
@@ -95,15 +102,14 @@ def read_until_closed(s: socket.socket, limit_s: float) -> tuple[bytes, float | 
 
 def test_idle_tls_socket_does_not_block_others(pki):
     """Finding 1: one client holding a TCP connection without a ClientHello froze every request."""
-    srv = ExtenderHTTPServer(extender(), None, cert_file=pki.server.cert, key_file=pki.server.key,
-                             limits=FAST).start()
+    srv = serve(extender(), cert_file=pki.server.cert, key_file=pki.server.key, limits=FAST)
     ctx = ssl.create_default_context(cafile=pki.ca.cert)
     idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(3)]
     try:
         time.sleep(0.2)
         t0 = time.monotonic()
         assert request(srv.port, "GET", "/healthz", ctx=ctx, timeout=5)[0] == 200
-        code, body = request(srv.port, "POST", "/filter", filter_body(), ctx=ctx, timeout=5)
+        code, body = request(srv.port, "POST", "/filter", filter_body(srv), ctx=ctx, timeout=5)
         assert code == 200 and json.loads(body)["NodeNames"] == ["n1"]
         assert time.monotonic() - t0 < 4.0  # the old server needed the idle sockets to go away first
         # and the handshake deadline closes the idle sockets themselves
@@ -112,7 +118,7 @@ def test_idle_tls_socket_does_not_block_others(pki):
     finally:
         for s in idle:
             s.close()
-        srv.stop()
+        shutdown(srv)
 
 
 def test_two_thousand_idle_connections(plain):
@@ -131,7 +137,7 @@ def test_two_thousand_idle_connections(plain):
         for _ in range(2000):
             socks.append(socket.create_connection(("127.0.0.1", plain.port), timeout=5))
         time.sleep(0.3)
-        code, body = request(plain.port, "POST", "/filter", filter_body(), timeout=5)
+        code, body = request(plain.port, "POST", "/filter", filter_body(plain), timeout=5)
         assert code == 200 and json.loads(body)["NodeNames"] == ["n1"]
         assert request(plain.port, "GET", "/healthz", timeout=5)[0] == 200
         assert plain.open_connections <= FAST.max_connections
@@ -218,22 +224,22 @@ def test_nesting_bomb_and_malformed_json_get_400():
     """Finding 4: '[' x 100,000 raised RecursionError out of do_POST and the connection was dropped."""
     from hami_agent.scheduler.webhook import Webhook
 
-    srv = ExtenderHTTPServer(extender(), Webhook(SchedulerConfig()), limits=FAST).start()  # 1 MiB bodies
+    srv = serve(extender(), Webhook(SchedulerConfig()), limits=FAST)  # 1 MiB bodies
     try:
         code, body = request(srv.port, "POST", "/filter", b"[" * 100_000)
         assert code == 400 and b"nested more than 100 levels" in body
         code, body = request(srv.port, "POST", "/webhook", b'{"request":' * 5000 + b"1" + b"}" * 5000)
         assert code == 400 and b"nested more than 100 levels" in body
         # brackets inside strings do not count
-        deep_string = json.dumps({"Pod": gpu_pod("s", mem=1), "NodeNames": ["[" * 500]}).encode()
-        assert request(srv.port, "POST", "/filter", deep_string)[0] == 200
+        code, body = request(srv.port, "POST", "/filter", filter_body(srv, "s", ("[" * 500, "n1")))
+        assert code == 200 and json.loads(body)["NodeNames"] == ["n1"]
         code, body = request(srv.port, "POST", "/filter", b'{"Pod": NaN}')
         assert code == 400 and b"malformed JSON" in body and b"NaN" in body
         code, body = request(srv.port, "POST", "/filter", b"\xff\xfe{")
         assert code == 400
         assert request(srv.port, "GET", "/healthz")[0] == 200
     finally:
-        srv.stop()
+        shutdown(srv)
 
 
 def test_malformed_http_gets_400_not_a_dropped_connection(plain):
@@ -260,7 +266,7 @@ def test_keep_alive_and_pipelining(plain):
     conn = http.client.HTTPConnection("127.0.0.1", plain.port, timeout=5)
     accepted = plain.stats.accepted
     for i in range(5):
-        conn.request("POST", "/filter", filter_body(f"k{i}"), {"Content-Type": "application/json"})
+        conn.request("POST", "/filter", filter_body(plain, f"k{i}"), {"Content-Type": "application/json"})
         r = conn.getresponse()
         assert r.status == 200 and json.loads(r.read())["NodeNames"] == ["n1"]
     conn.close()
@@ -362,7 +368,7 @@ def test_wrong_method_is_405(plain):
 
 def test_expect_100_continue_and_half_close(plain):
     """curl sends 'Expect: 100-continue' for bodies over 1 KiB; some clients half-close after sending."""
-    body = filter_body("c100")
+    body = filter_body(plain, "c100")
     s = socket.create_connection(("127.0.0.1", plain.port))
     try:
         s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -13,37 +13,31 @@ from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.server import ExtenderHTTPServer
 from hami_agent.scheduler.webhook import Webhook
-from tests.unit.scheduler.helpers import dev, gpu_pod
+from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 
-class Client:
-    def __init__(self):
-        self.writes = []
-
-    def patch_pod_metadata(self, *a, **k):
-        self.writes.append(a)
-        return {}
-
-    def list_resource_quotas(self, ns):
-        return []
-
-    def create_event(self, *a, **k):
-        return None
-
-
 @pytest.fixture(scope="module")
 def srv():
+    """The extender reads pod state from the API (``FakePodClient``), never from the body: pod ``p``,
+    which every mistyped body names, exists there, so only the shape check stands between a bad body
+    and a write."""
     cache = UsageCache()
     cache.set_node("n1", [dev(0, uuid="GPU-n1-0", mem=8192)])
-    client = Client()
+    client = FakePodClient()
+    client.add(gpu_pod("p", mem=100))
     ext = Extender(cache, SchedulerConfig(), client)
     ext.synced.set()
     s = ExtenderHTTPServer(ext, Webhook(SchedulerConfig())).start()
     s.client = client
     yield s
     s.stop()
+    ext.healer.stop()
+
+
+def writes(srv) -> int:
+    return len(srv.client.patches) + len(srv.client.events)
 
 
 def post(srv, path, body):
@@ -87,10 +81,11 @@ FILTER_CASES = [
 
 @pytest.mark.parametrize(("pod", "message"), FILTER_CASES)
 def test_mistyped_pod_fields_are_400_naming_the_field(srv, pod, message):
+    before = writes(srv)
     for verb in ("/filter", "/prioritize"):
         code, text = post(srv, verb, {"Pod": pod, "NodeNames": ["n1"]})
         assert code == 400 and message in json.loads(text)["error"], text
-    assert srv.client.writes == []
+    assert writes(srv) == before
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -148,8 +143,11 @@ def test_mistyped_admission_reviews_are_400(srv, body, message):
 
 
 def test_well_typed_requests_still_pass(srv):
-    code, text = post(srv, "/filter", {"Pod": gpu_pod("ok", mem=100), "NodeNames": ["n1"]})
+    pod = srv.client.add(gpu_pod("ok", mem=100))
+    before = writes(srv)
+    code, text = post(srv, "/filter", {"Pod": pod, "NodeNames": ["n1"]})
     assert code == 200 and json.loads(text)["NodeNames"] == ["n1"]
+    assert writes(srv) > before  # the decision was written: the same path a mistyped body never reaches
     pod = copy.deepcopy(gpu_pod("w", mem=100))
     code, text = post(srv, "/webhook", review(pod))
     assert code == 200 and json.loads(text)["response"]["allowed"] is True
