@@ -2,11 +2,17 @@
 with valid requests mutated anywhere (a field replaced by arbitrary JSON, or removed), hostile
 annotation and quantity strings, and arbitrary bytes. Against the real SchedulerApp (informers, usage
 cache, extender, webhook) on the SIMULATED API server. Every answer must be < 500 and arrive (no dropped
-connection); afterwards the server is alive and its /filter median latency is what it was before."""
+connection); afterwards the server is alive and its /filter median latency is what it was before.
+
+The extender takes a pod's identity from the body and its state from the API (docs/scheduler.md, "What
+the extender trusts"), so the valid templates name pods that exist in the API with the uids the API
+gave them, and hostile annotations and quantities are written into the API's pod, not only the body."""
 
 from __future__ import annotations
 
+import copy
 import http.client
+import itertools
 import json
 import statistics
 import time
@@ -27,11 +33,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 FUZZ = settings(max_examples=120, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
+# The templates' uids are placeholders until the fixture has created the pods: the API assigns them (the
+# strategies copy a template when they draw, so they see the real uid).
 POD = gpu_pod("fuzz", mem=1000, cores=10)
 POD["metadata"]["uid"] = "uid-fuzz"
 POD["metadata"]["annotations"] = {"nvidia.com/use-gputype": "T4", "hami.io/gpu-scheduler-policy": "binpack"}
 FILTER = {"Pod": POD, "NodeNames": ["gpu-0", "gpu-1", "nope"]}
-BIND = {"PodName": "fuzz", "PodNamespace": "default", "PodUID": "uid-fuzz", "Node": "gpu-0"}
+BIND_POD = gpu_pod("fuzz-bind", mem=1000, cores=10)  # its own pod: a bind that succeeds binds it for good
+BIND = {"PodName": "fuzz-bind", "PodNamespace": "default", "PodUID": "uid-fuzz-bind", "Node": "gpu-0"}
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                       "operation": "CREATE", "namespace": "default", "userInfo": {"username": "alice"},
@@ -81,13 +90,23 @@ class Caller:
 
 
 def filter_median_ms(caller: Caller, n: int = 30) -> float:
+    """Median latency of a /filter that decides (and writes) for the valid pod: the full path."""
     body = json.dumps(FILTER).encode()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        assert caller.post("/filter", body)[0] == 200
+        code, data = caller.post("/filter", body)
         times.append(time.perf_counter() - t0)
+        assert code == 200, data
+        result = json.loads(data)
+        assert result["Error"] == "" and result["NodeNames"], result
     return statistics.median(times) * 1e3
+
+
+def create_pod(api: ApiServer, pod: dict) -> dict:
+    """Create like a client would (no uid: the API assigns it) and return the stored pod."""
+    md = {k: v for k, v in pod["metadata"].items() if k != "uid"}
+    return api.create({**copy.deepcopy(pod), "metadata": copy.deepcopy(md)})
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +114,24 @@ def stack():
     api = ApiServer().start()
     for i in range(2):
         api.create(gpu_node(f"gpu-{i}", gpus=2, mem=16384))
-    api.create({**POD, "metadata": {k: v for k, v in POD["metadata"].items() if k != "uid"}})
+    POD["metadata"]["uid"] = create_pod(api, POD)["metadata"]["uid"]
+    BIND["PodUID"] = create_pod(api, BIND_POD)["metadata"]["uid"]
     client = KubeClient.from_kubeconfig(api.kubeconfig_path)
     app = SchedulerApp(client, SchedulerConfig(), register_interval_s=60).start()
-    assert app.extender.synced.wait(10)
-    caller = Caller(app.server.port)
-    state = {"before_ms": filter_median_ms(caller)}
-    yield app, caller, state
-    app.stop()
-    api.close()
+    try:
+        assert app.extender.synced.wait(10)
+        caller = Caller(app.server.port)
+        # the bind template binds what this extender decided: its /filter decision for fuzz-bind
+        bind_pod = {**BIND_POD, "metadata": {**BIND_POD["metadata"], "uid": BIND["PodUID"]}}
+        body = {"Pod": bind_pod, "NodeNames": ["gpu-0", "gpu-1"]}
+        code, data = caller.post("/filter", json.dumps(body).encode())
+        assert code == 200 and json.loads(data)["Error"] == "", data
+        BIND["Node"] = json.loads(data)["NodeNames"][0]
+        state = {"before_ms": filter_median_ms(caller)}
+        yield app, caller, state, api
+    finally:
+        app.stop()
+        api.close()
 
 
 def _with(template: dict, path: tuple, value) -> dict:
@@ -128,10 +156,26 @@ def test_extender_args_mutations(stack, body, verb):
                                    max_size=4),
        limits=st.dictionaries(st.sampled_from(RESOURCE_KEYS), quantity_text | json_value, max_size=4))
 def test_hostile_annotations_and_quantities(stack, annotations, limits):
-    pod = json.loads(json.dumps(POD))
-    pod["metadata"]["annotations"] = annotations
-    pod["spec"]["containers"][0]["resources"] = {"limits": limits}
-    stack[1].check("/filter", json.dumps({"Pod": pod, "NodeNames": ["gpu-0", "gpu-1"]}).encode())
+    """The hostile values are in the API's pod, where the extender reads them (the simulated API server
+    stores any quantity; a real one refuses malformed ones at create, so this is defence in depth). The
+    body is a well-formed copy of the template under the new pod's identity, as a kube-scheduler whose
+    view is older than the API's would send: it passes the shape check, so the pod state is parsed."""
+    _app, caller, _state, api = stack
+    hostile = json.loads(json.dumps(POD))
+    hostile["metadata"]["name"] = f"hostile-{next(_HOSTILE)}"
+    hostile["metadata"]["annotations"] = annotations
+    hostile["spec"]["containers"][0]["resources"] = {"limits": limits}
+    created = create_pod(api, hostile)
+    try:
+        body = json.loads(json.dumps(POD))
+        body["metadata"].update(name=hostile["metadata"]["name"], uid=created["metadata"]["uid"])
+        code = caller.check("/filter", json.dumps({"Pod": body, "NodeNames": ["gpu-0", "gpu-1"]}).encode())
+        assert code == 200
+    finally:
+        api.delete("Pod", "default", hostile["metadata"]["name"])
+
+
+_HOSTILE = itertools.count()
 
 
 @FUZZ
@@ -158,7 +202,7 @@ def test_arbitrary_bytes(stack, raw, path):
 
 
 def test_alive_and_latency_unchanged_after_fuzzing(stack):
-    app, caller, state = stack
+    app, caller, state, _api = stack
     assert caller.statuses and max(caller.statuses) < 500
     after = filter_median_ms(caller)
     # generous: the machine is shared; a leak or a stuck thread shows as a multiple, not a few percent
