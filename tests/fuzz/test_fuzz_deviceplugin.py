@@ -3,7 +3,11 @@ GetPreferredAllocation with random, duplicated, foreign and real device IDs and 
 running plugin on a SIMULATED A100 node (gpusim's libnvidia-ml through the real NVML worker),
 registered with the SIMULATED kubelet. A refusal is fine (UNKNOWN with a message, as a Go plugin's
 error); an INTERNAL (an unexpected exception) is a bug. Afterwards the plugin still answers, as fast as
-before. Its HTTP side (/healthz, /metrics) is fuzzed with arbitrary requests too."""
+before. Its HTTP side (/healthz, /metrics) is fuzzed with arbitrary requests too.
+
+Allocate serves only the pod the node lock ``hami.io/mutex.lock`` names (docs/deviceplugin.md), so a
+pod whose annotations are fuzzed is put under the node lock, as the scheduler's /bind leaves it;
+otherwise every Allocate would stop at "no binding pod found" before reading the annotations."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import statistics
 import tempfile
 import threading
 import time
+import uuid
 
 import grpc
 import pytest
@@ -24,9 +29,10 @@ from hami_agent.deviceplugin.manager import DevicePluginManager
 from hami_agent.deviceplugin.podsource import MemoryPodSource
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.nvml import NvmlSupervisor
+from hami_agent.protocol import keys
 from tests.gpusim.fixtures import build_lib, make_node
 from tests.sim.kubelet import SimulatedKubelet
-from tests.unit.deviceplugin.fakes import hami_pod
+from tests.unit.deviceplugin.fakes import hami_pod, lock_value, node_register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -61,7 +67,12 @@ def plugin(tmp_path_factory):
         assert kubelet.wait_registered(GPU, 30, min_devices=32), "plugin did not register"
         channel = grpc.insecure_channel(f"unix://{kubelet.endpoints[GPU].socket}")
         stub = api_pb2_grpc.DevicePluginStub(channel)
-        yield stub, sorted(kubelet.devices(GPU)), manager, pods
+        real = sorted(kubelet.devices(GPU))
+        # what the registration loop writes to the Node (no API here): Allocate checks against it
+        uuids = sorted({d.rsplit("-", 1)[0] for d in real})
+        with pods._lock:
+            pods.node_annotations[keys.NODE_REGISTER] = node_register(uuids, count=4, devmem=81920)
+        yield stub, real, manager, pods
     finally:
         if channel is not None:
             channel.close()
@@ -96,6 +107,26 @@ def call_ok(fn, request) -> str:
                         grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION), code
         assert exc.details(), "a refusal must say why"
         return code.name
+
+
+def bound_under_lock(pods: MemoryPodSource, pod: dict) -> dict:
+    """``pod`` on this node under the node lock taken now, with a fresh name and uid: the plugin remembers
+    what it answered per uid, and releases a lock in the background only if it still holds the value it
+    read, so neither an earlier example's outcome nor its late release can reach this one."""
+    suffix = uuid.uuid4().hex[:10]
+    pod["metadata"]["name"] = f"{pod['metadata']['name']}-{suffix}"
+    pod["metadata"]["uid"] = f"uid-{suffix}"
+    pods.add_pod(pod)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with pods._lock:
+        pods.node_annotations[keys.NODE_LOCK] = lock_value(pod["metadata"]["name"], when=now)
+    return pod
+
+
+def clear(pods: MemoryPodSource) -> None:
+    with pods._lock:
+        pods.pods.clear()
+        pods.node_annotations.pop(keys.NODE_LOCK, None)
 
 
 def median_rpc_ms(stub, real: list[str], n: int = 20) -> float:
@@ -155,15 +186,13 @@ def test_allocate_for_a_pending_pod_with_hostile_annotations(plugin, baseline, d
     n = data.draw(st.integers(0, 3))
     containers = [{"name": f"c{i}", "resources": {"limits": {GPU: data.draw(
         st.sampled_from(["1", "2", "0", "x", "-1"]))}}} for i in range(n)]
-    pod = hami_pod("fuzz-pod", NODE, containers, devices, bind_time=int(time.time()))
-    pods.add_pod(pod)
+    bound_under_lock(pods, hami_pod("fuzz-pod", NODE, containers, devices, bind_time=int(time.time())))
     try:
         ids = data.draw(st.lists(st.lists(st.sampled_from(real), max_size=3), min_size=1, max_size=3))
         call_ok(stub.Allocate, api_pb2.AllocateRequest(container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=i) for i in ids]))
     finally:
-        with pods._lock:
-            pods.pods.clear()
+        clear(pods)
 
 
 def test_plugin_alive_and_latency_unchanged(plugin, baseline):
@@ -171,9 +200,9 @@ def test_plugin_alive_and_latency_unchanged(plugin, baseline):
     after = median_rpc_ms(stub, real)
     assert after < 3 * baseline + 5.0, (baseline, after)
     # and it still allocates: one well-formed pod, one replica of the GPU its annotation names
-    uuid = real[0].rsplit("-", 1)[0]
-    pods.add_pod(hami_pod("good", NODE, [{"name": "c", "resources": {"limits": {GPU: "1"}}}],
-                          f"{uuid},NVIDIA,1000,10:;", bind_time=int(time.time())))
+    gpu = real[0].rsplit("-", 1)[0]
+    bound_under_lock(pods, hami_pod("good", NODE, [{"name": "c", "resources": {"limits": {GPU: "1"}}}],
+                                    f"{gpu},NVIDIA,1000,10:;", bind_time=int(time.time())))
     resp = stub.Allocate(api_pb2.AllocateRequest(container_requests=[
         api_pb2.ContainerAllocateRequest(devices_ids=[real[0]])]), timeout=10)
     assert resp.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
