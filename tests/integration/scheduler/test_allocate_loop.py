@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_agent.deviceplugin.allocator import AllocationError, Allocator
+from hami_agent.deviceplugin.allocator import AllocationError, Allocator, PreferredRequest
 from hami_agent.deviceplugin.devices import plan_resources
 from hami_agent.deviceplugin.podsource import K8sPodSource
 from hami_agent.deviceplugin.settings import PluginSettings
@@ -29,7 +29,10 @@ SPLIT = 4
 
 class Kubelet:
     """Admits the pods bound to NODE in binding order, one container request per GPU container, through
-    the real Allocator; records what each pod's containers were handed (``allocations``)."""
+    the real Allocator; records what each pod's containers were handed (``allocations``). Devices are
+    chosen as the kubelet's device manager does for a plugin that offers GetPreferredAllocation
+    (``devicesToAllocate`` in kubernetes ``pkg/kubelet/cm/devicemanager/manager.go``): the plugin's
+    preference among the free devices, topped up from the free ones if it names too few."""
 
     def __init__(self, api, allocator: Allocator, plan) -> None:
         self.api = api
@@ -51,13 +54,20 @@ class Kubelet:
                 n = int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
                 if not n:
                     continue
-                ids, self._free = self._free[:n], self._free[n:]
+                ids = self._choose(n)
                 try:
                     (resp,) = self.allocator.allocate(self.plan, [ids])
                 except AllocationError as exc:
                     self.failures[uid] = str(exc)
                     continue
                 self.allocations.setdefault(uid, {})[c["name"]] = dict(resp.envs)
+
+    def _choose(self, n: int) -> list[str]:
+        (hint,) = self.allocator.preferred(self.plan, [PreferredRequest(tuple(self._free), (), n)])
+        ids = [i for i in dict.fromkeys(hint) if i in self._free][:n]
+        ids += [i for i in self._free if i not in ids][: n - len(ids)]
+        self._free = [i for i in self._free if i not in ids]
+        return ids
 
 
 @pytest.fixture
