@@ -98,7 +98,7 @@ def test_stall_detected_in_simulated_kubelet_log(tmp_path: Path, capsys, hang: b
         finally:
             plugin.release.set()
             kubelet.wait_for(lambda: bool(kubelet.log.grep("Making allocation request")), timeout=10)
-            kubelet.stop()
+            kubelet.close()  # stop() leaves the admission thread waiting forever
             server.stop(0)
             request_cleanup(root, ignore_errors=True)
     rc, report = run_doctor(capsys, "logs", "--kubelet", str(snapshot), "--stall-after", "0.2")
