@@ -103,3 +103,16 @@ def test_role_timings_agree_with_the_agents_check(lease, renew, retry):
     assert role_assert_passes(hami_scheduler_leader_elect_lease_duration=lease,
                               hami_scheduler_leader_elect_renew_deadline=renew,
                               hami_scheduler_leader_elect_retry_period=retry) == agent_accepts
+
+
+def test_argument_specs_document_every_ha_variable():
+    spec = yaml.safe_load((ROLES / "hami_scheduler" / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    defaults = yaml.safe_load((ROLES / "hami_scheduler" / "defaults" / "main.yml").read_text())
+    for var in ("hami_scheduler_leader_elect_lease_duration", "hami_scheduler_leader_elect_renew_deadline",
+                "hami_scheduler_leader_elect_retry_period", "hami_scheduler_advertise_url",
+                "hami_scheduler_forward_ca_file", "hami_scheduler_forward_cert_file",
+                "hami_scheduler_forward_key_file"):
+        assert var in defaults and options[var]["description"], var
+    assert [options[f"hami_scheduler_leader_elect_{k}"]["default"]
+            for k in ("lease_duration", "renew_deadline", "retry_period")] == [15, 10, 2]
