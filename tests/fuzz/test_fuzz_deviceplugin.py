@@ -24,9 +24,10 @@ from hami_agent.deviceplugin.manager import DevicePluginManager
 from hami_agent.deviceplugin.podsource import MemoryPodSource
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.nvml import NvmlSupervisor
+from hami_agent.protocol import keys
 from tests.gpusim.fixtures import build_lib, make_node
 from tests.sim.kubelet import SimulatedKubelet
-from tests.unit.deviceplugin.fakes import hami_pod
+from tests.unit.deviceplugin.fakes import hami_pod, lock_value, node_register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -174,6 +175,11 @@ def test_plugin_alive_and_latency_unchanged(plugin, baseline):
     uuid = real[0].rsplit("-", 1)[0]
     pods.add_pod(hami_pod("good", NODE, [{"name": "c", "resources": {"limits": {GPU: "1"}}}],
                           f"{uuid},NVIDIA,1000,10:;", bind_time=int(time.time())))
+    # as the scheduler's /bind leaves the node: Allocate serves only the lock's owner, within the
+    # capacity the node registered
+    pods.node_annotations[keys.NODE_LOCK] = lock_value("good")
+    pods.node_annotations[keys.NODE_REGISTER] = node_register(sorted({r.rsplit("-", 1)[0] for r in real}),
+                                                              count=4)
     resp = stub.Allocate(api_pb2.AllocateRequest(container_requests=[
         api_pb2.ContainerAllocateRequest(devices_ids=[real[0]])]), timeout=10)
     assert resp.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
