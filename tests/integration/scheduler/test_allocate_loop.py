@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_agent.deviceplugin.allocator import AllocationError, Allocator
+from hami_agent.deviceplugin.allocator import AllocationError, Allocator, PreferredRequest
 from hami_agent.deviceplugin.devices import plan_resources
 from hami_agent.deviceplugin.podsource import K8sPodSource
 from hami_agent.deviceplugin.settings import PluginSettings
@@ -29,7 +29,8 @@ SPLIT = 4
 
 class Kubelet:
     """Admits the pods bound to NODE in binding order, one container request per GPU container, through
-    the real Allocator; records what each pod's containers were handed (``allocations``)."""
+    the real Allocator (GetPreferredAllocation, then Allocate); records what each pod's containers were
+    handed (``allocations``)."""
 
     def __init__(self, api, allocator: Allocator, plan) -> None:
         self.api = api
@@ -51,7 +52,14 @@ class Kubelet:
                 n = int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
                 if not n:
                     continue
-                ids, self._free = self._free[:n], self._free[n:]
+                # as the real kubelet: ask GetPreferredAllocation among the free devices, take its answer
+                # (the plugin refuses devices other than the scheduler's)
+                try:
+                    (ids,) = self.allocator.preferred(self.plan, [PreferredRequest(tuple(self._free), (), n)])
+                except AllocationError as exc:
+                    self.failures[uid] = str(exc)
+                    continue
+                self._free = [d for d in self._free if d not in ids]
                 try:
                     (resp,) = self.allocator.allocate(self.plan, [ids])
                 except AllocationError as exc:
