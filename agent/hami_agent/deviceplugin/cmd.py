@@ -48,7 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, default=0.25,
                    help="seconds between checks for kubelet restarts / deleted sockets / MIG lock")
     p.add_argument("--mig-apply-lock", default=None,
-                   help="pause while this file exists (default /tmp/hami/hami-mig-apply.lock)")
+                   help="pause while this file exists and is trusted: it and its directory owned by root and "
+                        "not group/other-writable (default: the config's migApplyLockPath, else "
+                        "/run/hami/mig-apply.lock)")
+    p.add_argument("--mig-apply-lock-permissive", action="store_true",
+                   help="honour any file at --mig-apply-lock, whoever made it (HAMi's rule; only where /tmp "
+                        "is private to the container, e.g. HAMi's /tmp/hami/hami-mig-apply.lock)")
     p.add_argument("--nvml-call-timeout", type=float, default=None, help="NVML call deadline (default 5)")
     p.add_argument("--nvml-refresh-interval", type=float, default=None,
                    help="seconds between NVML inventory refreshes (default 10)")
@@ -95,6 +100,7 @@ def build_settings(args: argparse.Namespace, cfg: Any) -> Any:
         registration_mode=args.registration,
         plugins_registry_dir=args.plugins_registry_dir,
         mig_apply_lock=pick(args.mig_apply_lock, agent.mig_apply_lock_path),
+        mig_apply_lock_permissive=bool(getattr(args, "mig_apply_lock_permissive", False)),
     )
 
 
@@ -199,7 +205,7 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
 
         # The annotation must advertise the mode this plugin actually serves (dynamic MIG is not served).
         registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg,
-                                  mode=settings.mode)
+                                  mode=settings.mode, mig_lock=manager.mig_lock)  # the plugin's lock and rule
         registrar_thread = registrar.start(stop)
 
     def on_term(signum: int, _frame: Any) -> None:

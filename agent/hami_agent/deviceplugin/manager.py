@@ -30,6 +30,7 @@ from hami_agent.deviceplugin.podsource import PodSource
 from hami_agent.deviceplugin.registration import RegistrationError, register_with_retry
 from hami_agent.deviceplugin.server import DeadlineRunner, DeviceState, PluginServer
 from hami_agent.deviceplugin.settings import PluginSettings
+from hami_agent.miglock import MigApplyLock
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,9 @@ class DevicePluginManager:
         self._warned_driver: str | None = None
         self._notes_logged: set[str] = set()
         self._stream_losses: dict[str, _StreamLosses] = {}
+        # shared with the node register loop (cmd.py): one file, one trust rule
+        self.mig_lock = MigApplyLock(settings.mig_apply_lock, settings.mig_apply_lock_permissive,
+                                     component="device plugin")
 
     # ------------------------------------------------------------------------------ control
     def current_snapshot(self) -> Any:
@@ -412,8 +416,11 @@ class DevicePluginManager:
 
     # ------------------------------------------------------------------------------ pause
     def _should_pause(self) -> bool:
-        lock = self.settings.mig_apply_lock
-        return self._pause_requested.is_set() or bool(lock and os.path.exists(lock))
+        if self._pause_requested.is_set():
+            return True
+        held = self.mig_lock.held()  # an untrusted lock is ignored, logged and counted
+        self.metrics.mig_lock_untrusted.set(1 if self.mig_lock.untrusted else 0)
+        return held
 
     def _pause(self) -> None:
         why = "SIGUSR1" if self._pause_requested.is_set() else self.settings.mig_apply_lock

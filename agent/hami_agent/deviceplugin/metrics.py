@@ -65,3 +65,6 @@ class PluginMetrics:
         r.register(self.nvml)
         self.paused = Gauge(
             "hami_device_plugin_paused", "1 while paused for a MIG reconfiguration", registry=r)
+        self.mig_lock_untrusted = Gauge(
+            "hami_mig_apply_lock_untrusted", "1 while a MIG apply lock file exists that is not trusted (not "
+            "root's, or group/other-writable) and is therefore ignored", registry=r)

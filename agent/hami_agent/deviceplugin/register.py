@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 
 from hami_agent import log
 from hami_agent.config import AgentConfig, MigProfileAllowlistEntry, NodeConfig
+from hami_agent.miglock import MigApplyLock
 from hami_agent.nvml.model import device_type
 from hami_agent.protocol import (
     MigPlacement,
@@ -183,7 +183,8 @@ class NodeRegistrar:
 
     def __init__(self, client: KubeNodes, node_name: str, snapshot_source: Any, config: AgentConfig,
                  *, interval_s: float | None = None, retry_s: float | None = None,
-                 mode: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 mode: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 mig_lock: MigApplyLock | None = None) -> None:
         if not node_name:
             raise ValueError("node name is empty: set --node-name or the NODE_NAME env (the pod's "
                              "spec.nodeName via the downward API)")
@@ -204,11 +205,11 @@ class NodeRegistrar:
         self.skipped: list[SkippedGpu] = []
         self._logged_devices: str | None = None  # device lines are Info only when the list changes
         self._paused_logged = False
+        self.mig_lock = mig_lock or MigApplyLock(config.agent.mig_apply_lock_path, component="register loop")
 
     # ------------------------------------------------------------------------------------------------
     def _mig_locked(self) -> bool:
-        path = self.config.agent.mig_apply_lock_path
-        return bool(path) and os.path.exists(path)
+        return self.mig_lock.held()  # the device plugin's trust rule (hami_agent.miglock)
 
     def _log_devices(self, devices: list[NodeDevice], encoded: str) -> None:
         changed = encoded != self._logged_devices
@@ -229,7 +230,7 @@ class NodeRegistrar:
         if self._mig_locked():
             if not self._paused_logged:
                 logger.info("MIG apply lock file detected (%s), pausing node registration",
-                            self.config.agent.mig_apply_lock_path)
+                            self.mig_lock.path)
                 self._paused_logged = True
             self.last_result = RESULT_PAUSED
             return False

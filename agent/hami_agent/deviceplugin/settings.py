@@ -62,6 +62,7 @@ class PluginSettings:
     plugins_registry_dir: str = DEFAULT_PLUGINS_REGISTRY_DIR
     # operability
     mig_apply_lock: str = keys.MIG_APPLY_LOCK_PATH
+    mig_apply_lock_permissive: bool = False  # HAMi's rule: any file at the path pauses (hami_agent.miglock)
     max_server_restarts: int = 5
     restart_window_s: float = 3600.0
     rpc_workers: int = 8

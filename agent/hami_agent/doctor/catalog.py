@@ -133,10 +133,84 @@ _DOCS: dict[str, CodeDoc] = {
         "Allocate: unknown device", "Plugin log `invalid allocation request ... unknown device`.",
         "The kubelet asked for a device ID that the plugin no longer advertises.", "000 §4.4"),
     "ALLOCATE_POD_NOT_FOUND": CodeDoc(
-        "Allocate cannot find the pending pod",
-        "Plugin log `failed to get pending pod` or `no binding pod found on node`.",
-        "Allocate finds its pod through the node lock owner or a pod with bind-phase=allocating on the node; "
-        "neither was readable.", "000 §4.4"),
+        "Allocate could not read the pod being admitted",
+        "Pod fails admission with `UnexpectedAdmissionError`; plugin log `failed to get pending pod: ...` "
+        "(HAMi's own plugin: a bare `no binding pod found on node <node>`).",
+        "The kubelet's Allocate names devices, not pods. hami-agent identifies the pod by the node lock "
+        "(`hami.io/mutex.lock`, written by the scheduler's /bind) and its owner, read from the informer "
+        "caches or, on a miss, from the API within the RPC's 2 s budget. `failed to get pending pod` "
+        "means those reads did not answer in time (API server slow or unreachable, or RBAC). There is no "
+        "fallback to \"the oldest pod with bind-phase=allocating\" (HAMi's): it could hand one pod's "
+        "devices to another. When the lock was read but names nobody usable, doctor reports "
+        "ALLOCATE_NO_NODE_LOCK or ALLOCATE_LOCK_NAMES_OTHER_POD instead.",
+        "000 §4.4"),
+    "ALLOCATE_NO_NODE_LOCK": CodeDoc(
+        "Allocate refused: no node lock names a pod on the node",
+        "Pod fails admission with `UnexpectedAdmissionError`: `Allocate failed due to rpc error: code = "
+        "Unknown desc = no binding pod found on node <node>: no node lock (hami.io/mutex.lock) names a "
+        "pod on this node, and only the pod the HAMi scheduler bound under that lock is allocated; "
+        "refusing (was the pod scheduled by another scheduler, or created with spec.nodeName?), which is "
+        "unexpected`.",
+        "The device plugin allocates only for the pod the HAMi scheduler locked the node for: the lock is "
+        "written by the extender's /bind before the binding and released after that pod's Allocate, and "
+        "tenants cannot write Node objects. A pod that reached the node any other way (spec.nodeName in "
+        "its spec, another scheduler) cannot prove its allocation, so Allocate refuses and writes "
+        "nothing: whatever hami.io annotations it carries (possibly forged) are not used. A pod the HAMi "
+        "scheduler did bind meets this only if its lock disappeared before the kubelet admitted it "
+        "(expiry after 5 min, or removed by hand).",
+        "000 §4.4"),
+    "ALLOCATE_LOCK_NAMES_OTHER_POD": CodeDoc(
+        "Allocate refused: the node lock names a pod that is not being admitted",
+        "Pods on the node fail admission with `UnexpectedAdmissionError`: `... no binding pod found on "
+        "node <node>: the node lock names <ns>/<pod>, which does not exist; refusing to allocate` or `... "
+        "the node lock names <ns>/<pod>, but it is Running, not waiting for admission` (or: being "
+        "deleted, bound to another node, bind-phase not 'allocating', nothing left to allocate).",
+        "A lock whose owner no longer needs it (the pod was deleted, failed, bound elsewhere or already "
+        "allocated) names nobody the kubelet can be admitting, so every GPU pod on the node is refused "
+        "until the lock goes. The device plugin releases the lock after Allocate; when it refused and "
+        "wrote nothing (the owner was unknown) the scheduler's leader releases it at its next lock audit "
+        "(every 60 s; a new leader audits at once), and any lock expires after 5 minutes. Worst case: "
+        "about 60 s plus one API round trip (docs/device-plugin.md).",
+        "000 §4.4, 001"),
+    "ALLOCATE_AMBIGUOUS_ADMISSION": CodeDoc(
+        "Allocate refused: more than one pod could be the one being admitted",
+        "Pod fails admission with `UnexpectedAdmissionError`: `... ambiguous admission on node <node>: "
+        "the node lock names <ns>/<pod> (uid ...), but <ns>/<other> also wait(s) for 'nvidia.com/gpu' on "
+        "this node without an allocation, and Allocate cannot tell which pod the kubelet is admitting; "
+        "refusing and writing nothing (pods that request GPUs must reach the node through the HAMi "
+        "scheduler)`.",
+        "The kubelet's Allocate names devices, not pods. The lock owner is the pod being admitted only if "
+        "no other not-yet-admitted pod on the node asks for the same resource; otherwise the lock owner's "
+        "devices and limits could go to the other pod. The other pods are usually created with "
+        "spec.nodeName (bypassing the scheduler), or a pod whose bind answer was lost while the API "
+        "applied it.",
+        "000 §4.4"),
+    "ALLOCATE_OVERCOMMIT_REFUSED": CodeDoc(
+        "Allocate refused an allocation the scheduler cannot have made",
+        "Pod fails admission with `UnexpectedAdmissionError`: `... refusing to over-commit GPU <uuid> on "
+        "node <node>: pod <ns>/<pod> would bring it to <N> MiB of memory, the GPU has <M> MiB ... was "
+        "hami.io/vgpu-devices-allocated written by someone else?`, or `GPU <uuid> is not registered in "
+        "hami.io/node-nvidia-register of node <node>`, or `... differs from the scheduler's "
+        "hami.io/vgpu-devices-allocated ...; refusing an allocation the scheduler did not make`.",
+        "Defence in depth behind the admission rule that keeps tenants from writing HAMi's allocation "
+        "keys: before Allocate consumes an allocation it adds it to what the node's other allocated pods "
+        "hold and compares the sum with the GPUs the node registered (memory, cores, slots, exclusivity), "
+        "and checks that the two allocation annotations agree. The scheduler never produces what fails "
+        "here, so the annotations were written by someone else: the admission policy is missing, or "
+        "someone with the scheduler's or a node's credentials wrote them.",
+),
+    "ALLOCATE_KUBELET_CHOSE_OTHER_DEVICES": CodeDoc(
+        "Allocate refused: the kubelet chose other GPUs than the scheduler allocated",
+        "Pod fails admission with `UnexpectedAdmissionError`: `... pod <ns>/<pod> container '<c>': the "
+        "kubelet chose [...] (GPUs [...]), but the scheduler allocated [...] to it in "
+        "hami.io/vgpu-devices-to-allocate; refusing rather than handing out devices the kubelet did not "
+        "choose (GetPreferredAllocation had no hint for this pod, or a topology policy overrode it)`.",
+        "The kubelet picks the device IDs it passes to Allocate and accounts them to the container; the "
+        "plugin's GetPreferredAllocation only suggests the scheduler's GPUs. When the kubelet's Topology "
+        "Manager prefers other devices (NUMA alignment), or the suggestion had no hint, handing out the "
+        "scheduler's GPU anyway would leave the kubelet's accounting and the container's devices apart; "
+        "the plugin refuses instead (HAMi hands out the annotated GPU).",
+        "000 §4.4"),
     "POD_DEVICES_MALFORMED": CodeDoc(
         "pod device annotation does not decode", "Plugin log `failed to decode pod devices`.",
         "Version skew between scheduler and plugin.", "000 §4.4"),

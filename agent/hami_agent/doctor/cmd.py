@@ -1,4 +1,4 @@
-"""``hami-agent doctor pod NS/NAME | node NAME | cluster | logs --kubelet FILE``.
+"""``hami-agent doctor pod NS/NAME | node NAME | cluster | logs --kubelet FILE | invariants``.
 
 Import-light: the kubernetes client, NVML and shrreg are imported only when a collector needs them.
 Exit codes: 0 no problem found, 1 a problem found (or evidence could not be collected), 2 usage error.
@@ -91,6 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", dest="plugin_log_file", metavar="FILE", help="device plugin log")
     p.add_argument("--hami-core", dest="hami_core_log_file", metavar="FILE", help="container log")
     _shared(p)
+    from hami_agent.doctor import invariants_cmd
+
+    p = sub.add_parser("invariants", help="is anything over-committed or inconsistent right now? (all nodes "
+                                          "and pods, two list calls, or a kubectl dump)")
+    invariants_cmd.add_arguments(p)
 
 
 def _context(args: argparse.Namespace):  # -> Context (import kept light)
@@ -129,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
     action = getattr(args, "doctor_action", None)
     if not action:
-        return _usage("choose an action: pod NS/NAME, node NAME, cluster, logs --kubelet FILE")
+        return _usage("choose an action: pod NS/NAME, node NAME, cluster, logs --kubelet FILE, invariants")
+    if action == "invariants":
+        from hami_agent.doctor import invariants_cmd
+
+        return invariants_cmd.run(args)
     if action == "logs":
         args.kubelet_log = args.kubelet_log_file or args.kubelet_log
         args.plugin_log = args.plugin_log_file or args.plugin_log

@@ -15,6 +15,7 @@ scheduler's usage cache, it finds:
 ``stale-lock``              a node lock held by a pod that no longer needs it (gone, finished, bound
                             elsewhere, already allocated) or older than the lock expiry
 ``cache-drift``             the scheduler cache counts a pod differently from its annotations
+``undecodable-allocation``  a pod's ``hami.io/vgpu-devices-allocated`` (or ``vgpu-node``) does not decode
 ==========================  ===========================================================================
 
 Over-commits are counted over pods *bound* to the node their annotation names and not finished: those
@@ -22,9 +23,13 @@ hold devices. Pending pods with an assignment are reservations; they are listed 
 ``counts["reservations"]`` and, with ``include_pending=True``, counted as well.
 
 It lives in the product (not only in tests) because it is the check an operator wants after an incident
-("is anything over-committed right now?") and ``hami-agent doctor`` can run it over a live cluster's
-``kubectl get nodes,pods -o json``; the tests and the chaos soak run the same code.
-Use :func:`check` for a report and :func:`assert_invariants` in tests.
+("is anything over-committed right now?"): ``hami-agent doctor invariants`` runs it over a live cluster
+(two list calls) or a ``kubectl get nodes,pods -A -o json`` dump; the tests and the chaos soak run the
+same code. Use :func:`check` for a report and :func:`assert_invariants` in tests. ``KIND_DOCS`` says what
+each kind means and how to fix it (``docs/runbooks/invariants/<kind>.md`` is rendered from it).
+
+Objects are read defensively (a dump file may hold anything): a field of an unexpected type counts as
+absent, an annotation that does not decode is reported, nothing raises.
 """
 
 from __future__ import annotations
@@ -97,6 +102,10 @@ def _spec(obj: Mapping) -> Mapping:
     return s if isinstance(s, Mapping) else {}
 
 
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
 def _key(pod: Mapping) -> str:
     return f"{_md(pod).get('namespace', '')}/{_md(pod).get('name', '')}"
 
@@ -110,7 +119,8 @@ def _containers(pod: Mapping) -> list[str]:
     spec = _spec(pod)
     names = []
     for part in ("initContainers", "containers"):
-        for c in spec.get(part) or []:
+        ctrs = spec.get(part)
+        for c in ctrs if isinstance(ctrs, list) else []:
             names.append(c.get("name", "") if isinstance(c, Mapping) else "")
     return names
 
@@ -127,14 +137,15 @@ def check(nodes: Iterable[Mapping], pods: Iterable[Mapping], *,
     the scheduler's rule for what a pod should count (``scheduler.podinfo.countable_usage``).
     ``now``: for lock expiry (default: the current UTC time)."""
     rep = InvariantReport()
-    pods = list(pods)
     devices: dict[str, dict[str, Any]] = {}  # node -> uuid -> NodeDevice
+    nodes = [n for n in nodes if isinstance(n, Mapping)]
+    pods = [p for p in pods if isinstance(p, Mapping)]
     for n in nodes:
-        raw = _ann(n).get(keys.NODE_REGISTER)
+        raw = _str(_ann(n).get(keys.NODE_REGISTER))
         try:
-            devices[_md(n).get("name", "")] = {d.id: d for d in decode_node_devices(raw)} if raw else {}
+            devices[_str(_md(n).get("name"))] = {d.id: d for d in decode_node_devices(raw)} if raw else {}
         except ProtocolError:
-            devices[_md(n).get("name", "")] = {}
+            devices[_str(_md(n).get("name"))] = {}
     by_key = {_key(p): p for p in pods}
     used_mem: dict[tuple[str, str], int] = defaultdict(int)
     used_cores: dict[tuple[str, str], int] = defaultdict(int)
@@ -143,8 +154,8 @@ def check(nodes: Iterable[Mapping], pods: Iterable[Mapping], *,
     n_bound = n_reserved = 0
     for p in pods:
         ann, spec, key = _ann(p), _spec(p), _key(p)
-        node = ann.get(keys.VGPU_NODE)
-        bound = spec.get("nodeName") or ""
+        node = _str(ann.get(keys.VGPU_NODE))
+        bound = _str(spec.get("nodeName"))
         phase = ann.get(keys.BIND_PHASE)
         if phase == keys.BIND_PHASE_SUCCESS and not bound:
             rep.add("allocated-not-bound", key, f"{keys.BIND_PHASE}=success but the pod is not bound")
@@ -160,11 +171,12 @@ def check(nodes: Iterable[Mapping], pods: Iterable[Mapping], *,
         else:
             n_bound += 1
         try:
-            ctrs = decode_pod_devices(ann.get(keys.DEVICES_ALLOCATED) or "")
+            ctrs = decode_pod_devices(_str(ann.get(keys.DEVICES_ALLOCATED)))
         except ProtocolError as exc:
-            rep.add("cache-drift", key, f"undecodable {keys.DEVICES_ALLOCATED}: {exc}")
+            rep.add("undecodable-allocation", key, f"undecodable {keys.DEVICES_ALLOCATED}: {exc}")
             continue
-        n_init = len(_spec(p).get("initContainers") or [])
+        inits = _spec(p).get("initContainers")
+        n_init = len(inits) if isinstance(inits, list) else 0
         if init_done(p):  # finished init containers hold nothing any more (the scheduler's rule too)
             ctrs = [[] if i < n_init else c for i, c in enumerate(ctrs)]
         for uuid, mem, cores, slots in _collapse_for_check(ctrs, n_init):
@@ -228,14 +240,14 @@ def _check_allocations(rep: InvariantReport, pods: list[Mapping],
     if allocations is None:
         return
     for p in pods:
-        uid, key, ann = _md(p).get("uid", ""), _key(p), _ann(p)
+        uid, key, ann = _str(_md(p).get("uid")), _key(p), _ann(p)
         got = allocations.get(uid)
         if ann.get(keys.BIND_PHASE) == keys.BIND_PHASE_SUCCESS and not got:
             rep.add("allocated-no-devices", key, f"{keys.BIND_PHASE}=success but Allocate handed it nothing")
         if not got:
             continue
         try:
-            want = decode_pod_devices(ann.get(keys.DEVICES_ALLOCATED) or "")
+            want = decode_pod_devices(_str(ann.get(keys.DEVICES_ALLOCATED)))
         except ProtocolError:
             want = []
         names = _containers(p)
@@ -261,8 +273,8 @@ def _check_allocations(rep: InvariantReport, pods: list[Mapping],
 def _check_locks(rep: InvariantReport, nodes: Iterable[Mapping], by_key: Mapping[str, Mapping], now: datetime,
                  expiry: timedelta) -> None:
     for n in nodes:
-        name = _md(n).get("name", "")
-        raw = _ann(n).get(keys.NODE_LOCK)
+        name = _str(_md(n).get("name"))
+        raw = _str(_ann(n).get(keys.NODE_LOCK))
         if not raw:
             continue
         try:
@@ -295,7 +307,7 @@ def _check_locks(rep: InvariantReport, nodes: Iterable[Mapping], by_key: Mapping
 def _check_cache(rep: InvariantReport, pods: list[Mapping], cache: Any, cache_usage: Any) -> None:
     cached = dict(getattr(cache, "pods", cache))
     for p in pods:
-        uid = _md(p).get("uid", "")
+        uid = _str(_md(p).get("uid"))
         want = cache_usage(p)
         have = cached.pop(uid, None)
         w = None if want is None else (want.node, want.devices)

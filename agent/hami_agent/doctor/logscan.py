@@ -16,6 +16,18 @@ from hami_agent.doctor.model import Facts
 
 MAX_LINES_PER_KEY = 5
 
+# The device plugin's Allocate refusals (deviceplugin/owner.py, allocator.py, capacity.py; a refusal writes
+# nothing). The same text is in the plugin's log, in the kubelet's ("Allocate failed due to rpc error: code
+# = Unknown desc = <message>, which is unexpected") and in the pod's UnexpectedAdmissionError event.
+ALLOCATE_REFUSAL_PATTERNS: dict[str, str] = {
+    "refused_no_lock": r"no binding pod found on node \S+: no node lock",
+    "refused_lock_other": r"no binding pod found on node \S+: the node lock names",
+    "refused_ambiguous": r"ambiguous admission on node",
+    "refused_overcommit": (r"refusing to over-commit GPU|is not registered in hami\.io/node-nvidia-register "
+                           r"of node|refusing an allocation the scheduler did not make"),
+    "refused_kubelet_choice": r"the kubelet chose .* but the scheduler allocated",
+}
+
 # Device plugin log (seed 000 §1.3, §4.4, §7; seed 003 §5.2; our NvmlTimeout wording).
 PLUGIN_PATTERNS: dict[str, str] = {
     "nvml_init_err": r"nvml Init err",
@@ -25,12 +37,14 @@ PLUGIN_PATTERNS: dict[str, str] = {
     "get_node_error": r"get node error",
     "device_number_mismatch": r"device number not matched",
     "unknown_device": r"invalid allocation request .*unknown device",
+    # ours: the API did not answer within the RPC's budget; HAMi's plugin: its GetPendingPod found no pod
     "pending_pod_missing": r"failed to get pending pod|no binding pod found on node",
     "decode_pod_devices": r"failed to decode pod devices",
     "grpc_crash": r"GRPC server has repeatedly crashed",
     "registered_ok": r"Successfully registered annotation",
     "mps_binary_missing": r"\"?nvidia-cuda-mps-control\"?: executable file not found",
     "memory_not_supported": r"GetMemoryInfo not supported",
+    **ALLOCATE_REFUSAL_PATTERNS,
 }
 
 # Kubelet log lines besides the stall detector's (seed 000 §4.4: Allocate errors reach the kubelet).
@@ -38,6 +52,7 @@ KUBELET_PATTERNS: dict[str, str] = {
     "allocate_failed": r"Allocate failed due to|UnexpectedAdmissionError",
     "device_number_mismatch": r"device number not matched",
     "plugin_registered": r"Registered endpoint|Got registration request from device plugin",
+    **ALLOCATE_REFUSAL_PATTERNS,
 }
 
 # HAMi-core lines in a container's log (seed 002; reference hami-core.md §7).

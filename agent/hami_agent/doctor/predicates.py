@@ -243,6 +243,13 @@ def device_number_mismatch(f: Facts) -> bool | None:
                      _positive(f, "events.device_number_mismatch"))
 
 
+@predicate("allocate_refused")
+def allocate_refused(f: Facts, key: str) -> bool | None:
+    """the device plugin's Allocate refusal {arg} is in the plugin log, the kubelet log ("Allocate
+    failed due to ...") or the pod's UnexpectedAdmissionError event"""
+    return _any_true(*(_positive(f, f"{src}.{key}") for src in ("plugin.log", "kubelet.log", "events")))
+
+
 @predicate("pod_devices_malformed")
 def pod_devices_malformed(f: Facts) -> bool | None:
     """hami.io/vgpu-devices-to-allocate does not decode, or the plugin logs "failed to decode pod devices\""""

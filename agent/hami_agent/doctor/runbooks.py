@@ -1,7 +1,8 @@
 """Render ``docs/runbooks/<CODE>.md`` from the trees (detection, fix) and the catalog (symptom).
 
-``python -m hami_agent.doctor.runbooks --write docs/runbooks`` regenerates them; a unit test checks that
-the files on disk match, so a rule change cannot leave its runbook behind.
+``python -m hami_agent.doctor.runbooks --write docs/runbooks`` regenerates them, and the invariant checker's
+pages ``docs/runbooks/invariants/<kind>.md`` (from ``invariant_docs``); unit tests check that the files on
+disk match, so a rule change cannot leave its runbook behind.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+from hami_agent.doctor import invariant_docs
 from hami_agent.doctor.catalog import doc_for
 from hami_agent.doctor.diagnose import UNKNOWN
 from hami_agent.doctor.engine import Rule, Tree
@@ -78,17 +80,22 @@ def all_pages() -> dict[str, str]:
     return {f"{code}.md": render(code) for code in codes}
 
 
+def invariant_pages() -> dict[str, str]:
+    """``invariants/<kind>.md`` for every kind the invariant checker reports."""
+    return {f"invariants/{kind}.md": invariant_docs.render(kind) for kind in sorted(invariant_docs.KIND_DOCS)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hami_agent.doctor.runbooks")
     p.add_argument("--write", metavar="DIR", help="write the pages into DIR (else list them)")
     args = p.parse_args(argv)
-    pages = all_pages()
+    pages = {**all_pages(), **invariant_pages()}
     if not args.write:
         print("\n".join(pages))
         return 0
     out = Path(args.write)
-    out.mkdir(parents=True, exist_ok=True)
     for name, text in pages.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text, encoding="utf-8")
     print(f"wrote {len(pages)} runbooks to {out}")
     return 0

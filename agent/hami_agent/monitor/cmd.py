@@ -70,8 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mig-apply-lock",
         default=None,
         metavar="PATH",
-        help="do not call NVML while this file exists (default: the config's migApplyLockPath, else "
-        "/tmp/hami/hami-mig-apply.lock, the nvidia_mig role's lock)",
+        help="do not call NVML while this file exists and is trusted: it and its directory owned by root "
+        "and not group/other-writable (default: the config's migApplyLockPath, else "
+        "/run/hami/mig-apply.lock, the nvidia_mig role's lock)",
+    )
+    parser.add_argument(
+        "--mig-apply-lock-permissive",
+        action="store_true",
+        help="honour any file at --mig-apply-lock, whoever made it (HAMi's rule; only where /tmp is private "
+        "to the container)",
     )
     parser.add_argument(
         "--once", action="store_true", help="scan once, print the metrics in Prometheus text format and exit"
@@ -110,7 +117,8 @@ def _pod_resolver(args: argparse.Namespace):
 
 
 def mig_apply_lock_path(args: argparse.Namespace) -> str:
-    """``--mig-apply-lock``, else the agent config's ``migApplyLockPath``, else HAMi's default."""
+    """``--mig-apply-lock``, else the agent config's ``migApplyLockPath``, else the default
+    (``/run/hami/mig-apply.lock``)."""
     if args.mig_apply_lock:
         return args.mig_apply_lock
     if args.config:
@@ -128,7 +136,8 @@ def _host_source(args: argparse.Namespace, mig_lock: str):
 
     timeout_s = max(1.0, min(10.0, args.interval * 2))
     # one worker for the monitor's lifetime, reused by every sample
-    return HostGpuSource(NvmlClient(args.nvml_lib, call_timeout_s=timeout_s), mig_lock, timeout_s)
+    return HostGpuSource(NvmlClient(args.nvml_lib, call_timeout_s=timeout_s), mig_lock, timeout_s,
+                         permissive=bool(getattr(args, "mig_apply_lock_permissive", False)))
 
 
 def run(args: argparse.Namespace) -> int:

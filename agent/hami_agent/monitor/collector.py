@@ -366,7 +366,11 @@ class RegionMonitor(Collector):
                                        "1 while no NVML worker may start: the limit of abandoned workers is "
                                        "alive (stuck in the driver)", labels=[])
         unkillable.add_metric([], 1.0 if st.unkillable else 0.0)
-        yield from (paused, abandoned, unkillable)
+        untrusted = GaugeMetricFamily("hami_mig_apply_lock_untrusted",
+                                      "1 while a MIG apply lock file exists that is not trusted (not root's, "
+                                      "or group/other-writable) and is therefore ignored", labels=[])
+        untrusted.add_metric([], 1.0 if getattr(st, "lock_untrusted", "") else 0.0)
+        yield from (paused, abandoned, unkillable, untrusted)
 
     def _host_families(self) -> Iterator:
         yield from self._nvml_families()

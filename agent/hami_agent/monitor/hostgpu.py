@@ -10,9 +10,9 @@ reconfiguration does not find the GPUs held open by us.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
+from hami_agent.miglock import MigApplyLock
 from hami_agent.monitor.collector import HostGpuSample
 from hami_agent.nvml.client import NvmlClient
 from hami_agent.nvml.errors import NvmlError, NvmlStuckUnkillable
@@ -25,18 +25,21 @@ class HostNvmlStatus:
     paused: bool  # the MIG apply lock is held: NVML is not called
     abandoned: int  # killed NVML workers of this process that have not exited
     unkillable: bool  # no new worker may start until one of them exits
+    lock_untrusted: str = ""  # why a MIG apply lock file present is ignored ("" when none is)
 
 
 class HostGpuSource:
-    def __init__(self, client: NvmlClient, mig_apply_lock: str | None, timeout_s: float) -> None:
+    def __init__(self, client: NvmlClient, mig_apply_lock: str | None, timeout_s: float,
+                 permissive: bool = False) -> None:
         self.client = client
         self.mig_apply_lock = mig_apply_lock
+        self.lock = MigApplyLock(mig_apply_lock, permissive, component="monitor")
         self.timeout_s = timeout_s
         self.paused = False
         self._unkillable = False
 
     def mig_locked(self) -> bool:
-        return bool(self.mig_apply_lock) and os.path.exists(self.mig_apply_lock or "")
+        return self.lock.held()  # the device plugin's trust rule (hami_agent.miglock)
 
     def __call__(self) -> list[HostGpuSample] | None:
         """The GPUs' usage, or None while paused. Raises NvmlError (the caller logs it once)."""
@@ -66,7 +69,7 @@ class HostGpuSource:
                 for g in usage.gpus]
 
     def status(self) -> HostNvmlStatus:
-        return HostNvmlStatus(self.paused, self.client.reaper.reap(), self._unkillable)
+        return HostNvmlStatus(self.paused, self.client.reaper.reap(), self._unkillable, self.lock.untrusted)
 
     def close(self) -> None:
         self.client.close()

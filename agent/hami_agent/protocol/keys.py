@@ -56,7 +56,12 @@ MODE_MPS = "mps"
 MODES = (MODE_HAMI_CORE, MODE_MIG, MODE_MPS)
 
 # --- misc paths/values shared by the plugin and tools ---------------------------------------------------
-MIG_APPLY_LOCK_PATH = "/tmp/hami/hami-mig-apply.lock"
+# The MIG apply lock: NVML users pause while it exists (``hami_agent.miglock``). HAMi's path is on /tmp,
+# private inside its container but shared by every local user on a host; the agent (and the roles) use a
+# root-owned directory instead. HAMi's path stays usable with --mig-apply-lock (and, where /tmp is private,
+# --mig-apply-lock-permissive).
+MIG_APPLY_LOCK_PATH = "/run/hami/mig-apply.lock"
+HAMI_MIG_APPLY_LOCK_PATH = "/tmp/hami/hami-mig-apply.lock"
 
 
 def mig_resource_name(profile: str) -> str:

@@ -1,7 +1,11 @@
 """Parsing of the extender's request bodies (``k8s.io/kube-scheduler/extender/v1``): every field the
 extender reads is type-checked here, and a malformed body raises ``BadRequest`` naming the field and
 what it must be (HTTP 400). Nothing in a body is trusted beyond the pod's identity and the node names:
-the pod's state comes from the API (``podstate``)."""
+the pod's state comes from the API (``podstate``).
+
+Total: ``parse_*`` accept any JSON value (also when ``scheduler.shapes`` in front of the HTTP routes is
+bypassed: the HA forwarder's leader, tests, embedders) and answer a result or ``BadRequest``, never
+another exception (tests/fuzz/test_fuzz_direct.py)."""
 
 from __future__ import annotations
 
@@ -90,7 +94,7 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
         return [], None
     if not isinstance(nodes, dict):
         raise BadRequest(f"ExtenderArgs.Nodes: must be a NodeList object with items, got {_kind(nodes)}")
-    items = nodes.get("items")
+    items = field_ci(nodes, "items")  # Go matches NodeList's "items" tag case-insensitively too
     if items is None:
         items = []
     if not isinstance(items, list):
@@ -111,6 +115,14 @@ def parse_filter_args(args: Any) -> FilterArgs:
     ns, name, uid = _identity(field_ci(args, "Pod"), "ExtenderArgs.Pod")
     names, nodes = _node_names(args)
     return FilterArgs(ns, name, uid, names, nodes)
+
+
+def parse_prioritize_args(args: Any) -> list[str]:
+    """The candidate node names of a /prioritize ``ExtenderArgs`` (HAMi scores in /filter: the answer is
+    neutral, so the pod is not read)."""
+    if not isinstance(args, dict):
+        raise BadRequest(f"ExtenderArgs: body must be a JSON object, got {_kind(args)}")
+    return _node_names(args)[0]
 
 
 def parse_bind_args(args: Any) -> BindArgs:

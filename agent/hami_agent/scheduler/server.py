@@ -28,6 +28,7 @@ from hami_agent.httpserve.ops import healthz_route, metrics_route
 from hami_agent.httpserve.tls import server_context
 from hami_agent.scheduler import auth as authn
 from hami_agent.scheduler import profiling, shapes
+from hami_agent.scheduler.args import parse_prioritize_args
 from hami_agent.scheduler.extender import BadRequest
 
 logger = logging.getLogger(__name__)
@@ -46,13 +47,7 @@ def parse_bind(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
 
 def prioritize(args: Any) -> list[dict]:
     """HAMi has no prioritize verb (the node is chosen in /filter); answer a neutral HostPriorityList."""
-    if not isinstance(args, dict):
-        raise BadRequest("ExtenderArgs: body must be a JSON object")
-    names = shapes.get_ci(args, "NodeNames")
-    if names is None:
-        nodes = shapes.get_ci(args, "Nodes") or {}
-        names = [(n.get("metadata") or {}).get("name") for n in (shapes.get_ci(nodes, "items") or [])]
-    return [{"Host": n, "Score": 0} for n in names]
+    return [{"Host": n, "Score": 0} for n in parse_prioritize_args(args)]
 
 
 _SHAPES: dict[str, Callable[[Any], Any]] = {

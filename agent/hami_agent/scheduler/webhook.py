@@ -8,7 +8,11 @@ and pods over the namespace quota; strip scheduler-owned ``hami.io/*`` annotatio
 The webhook is not a security control: tenants can skip it (``hami.io/webhook=ignore``, their own
 ``schedulerName``) and it never sees an UPDATE. What keeps allocation keys honest is the admission rule
 the ``hami_rbac`` role ships (a ValidatingAdmissionPolicy, docs/security.md), which refuses any write of
-``SCHEDULER_OWNED`` by anyone but the scheduler and the device plugin of the pod's node."""
+``SCHEDULER_OWNED`` by anyone but the scheduler and the device plugin of the pod's node.
+
+Total on any JSON: ``review``/``admit`` check the shape of every field they read first (the same checks
+``shapes`` runs in front of the HTTP route, so a direct caller gets them too) and answer ``BadRequest``
+naming the field, never another exception."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ import json
 import logging
 from typing import Any
 
+from hami_agent.httpserve import HTTPError
 from hami_agent.protocol import keys
 from hami_agent.protocol.requests import has_hami_resources, resource_int, webhook_resource_defaults
+from hami_agent.scheduler import shapes
 from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -50,14 +56,21 @@ class Webhook:
         uid = req.get("uid")
         if not isinstance(uid, str):
             raise BadRequest("AdmissionReview.request.uid: missing")
+        api_version = body.get("apiVersion")
+        if api_version is None:
+            api_version = "admission.k8s.io/v1"
+        elif not isinstance(api_version, str):
+            raise BadRequest("AdmissionReview.apiVersion: must be a string such as \"admission.k8s.io/v1\"")
         resp = self.admit(req)
         resp["uid"] = uid
-        return {"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview",
-                "response": resp}
+        return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
 
-    def admit(self, req: dict) -> dict:
+    def admit(self, req: Any) -> dict:
+        _check_request(req)
         pod = req.get("object")
-        if req.get("operation", "CREATE") != "CREATE" or not isinstance(pod, dict):
+        kind = (req.get("kind") or {}).get("kind")  # the webhook is registered for pods only
+        creating = req.get("operation", "CREATE") == "CREATE"
+        if not creating or not isinstance(pod, dict) or kind not in (None, "Pod"):
             return {"allowed": True}
         ns = req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
         names = self.config.names
@@ -80,8 +93,9 @@ class Webhook:
         for kind in ("initContainers", "containers"):
             for c in nspec.get(kind) or []:
                 add = webhook_resource_defaults(c, names)
-                if add:
-                    c.setdefault("resources", {}).setdefault("limits", {}).update(add)
+                if add:  # a present null (resources/limits: null) is an empty object, as in Go
+                    res = c["resources"] = c.get("resources") or {}
+                    res["limits"] = {**(res.get("limits") or {}), **add}
                 if not has_hami_resources(c, names):
                     if self.config.overwrite_env:
                         self._set_env(c, "NVIDIA_VISIBLE_DEVICES", "none")
@@ -114,7 +128,7 @@ class Webhook:
 
     @staticmethod
     def _set_env(c: dict, name: str, value: str) -> None:
-        env = c.setdefault("env", [])
+        env = c["env"] = c.get("env") or []
         for e in env:
             if e.get("name") == name:
                 e["value"] = value
@@ -159,6 +173,20 @@ class Webhook:
                 if oc.get("env") != nc.get("env"):
                     ops.append({"op": "add", "path": f"/spec/{kind}/{i}/env", "value": nc["env"]})
         return ops
+
+
+def _check_request(req: Any) -> None:
+    """Refuse, naming the field, a request whose fields the webhook reads have the wrong type (the
+    ``shapes`` checks: a null or non-object spec/metadata, containers/env that are not lists of objects,
+    non-string names, labels, annotations or quantities)."""
+    if not isinstance(req, dict):
+        raise BadRequest("AdmissionReview.request: missing or not an object")
+    # the request uid is review()'s business (admit() is also called with a bare request)
+    try:
+        shapes.admission_review({"request": {**req, "uid": req.get("uid") if isinstance(req.get("uid"), str)
+                                             else ""}})
+    except HTTPError as exc:
+        raise BadRequest(exc.message) from None
 
 
 def _deny(message: str) -> dict:

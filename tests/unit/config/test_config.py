@@ -64,7 +64,7 @@ def test_defaults_without_file():
     assert cfg.node.device_split_count == 10 and cfg.node.operating_mode == "hami-core"
     assert cfg.agent.register_interval_s == 30 and cfg.agent.register_retry_s == 5
     assert cfg.agent.rpc_deadline_s == 2 and cfg.agent.nvml_call_timeout_s == 5
-    assert cfg.agent.mig_apply_lock_path == "/tmp/hami/hami-mig-apply.lock"
+    assert cfg.agent.mig_apply_lock_path == "/run/hami/mig-apply.lock"  # root-owned, not HAMi's /tmp
     assert cfg.agent.vgpu_dir == "/usr/local/vgpu"
     assert cfg.warnings == ()
 

@@ -7,6 +7,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from hami_agent.doctor import logscan
 from hami_agent.doctor.collect.base import Context
 from hami_agent.doctor.model import Facts
 from hami_agent.protocol import (
@@ -25,6 +26,7 @@ from hami_agent.protocol.reasons import (
     DEVICE_TYPE_NOT_FOUND,
     NODE_UNREGISTERED,
 )
+from hami_agent.protocol.requests import pod_requests_gpu
 
 GPU = keys.RESOURCE_COUNT
 _REASON_WORD = re.compile(r"\b(" + "|".join(sorted(ALL_REASONS, key=len, reverse=True)) + r")\b")
@@ -187,6 +189,9 @@ def event_facts(events: list[dict], facts: Facts) -> None:
     facts.set("events.allocate_errors", len(allocate), *allocate)
     mismatch = [ln for ln in lines if "device number not matched" in ln]
     facts.set("events.device_number_mismatch", len(mismatch), *mismatch)
+    for key, pattern in logscan.ALLOCATE_REFUSAL_PATTERNS.items():  # the plugin's refusal, as the kubelet
+        refused = [ln for ln in allocate if re.search(pattern, ln)]  # reported it
+        facts.set(f"events.{key}", len(refused), *refused)
     reason_lines = [ln for ln in lines if any(r in ln for r in hami_reasons)]
     facts.set("events.hami_reasons", hami_reasons, *reason_lines)
 
@@ -300,11 +305,22 @@ def lock_owner_facts(ctx: Context, facts: Facts) -> None:
 
 def allocating_pods_facts(ctx: Context, facts: Facts) -> None:
     """Pods bound to this node that have waited for the device plugin's Allocate longer than
-    ``pending_after_s`` (bind-phase still ``allocating``): the kubelet never admitted them."""
+    ``pending_after_s`` (bind-phase still ``allocating``): the kubelet never admitted them. And Pending GPU
+    pods bound here that the HAMi scheduler did not place (no ``hami.io/vgpu-node`` naming this node):
+    created with ``spec.nodeName`` or by another scheduler, they make the plugin refuse (no lock owner, or
+    an ambiguous admission)."""
     pods = ctx.client.list_pods(field_selector=f"spec.nodeName={ctx.node_name}")
     stuck = []
+    bypassed = []
     for pod in pods:
         ann = (pod.get("metadata") or {}).get("annotations") or {}
+        if ((pod.get("status") or {}).get("phase", "Pending") == "Pending"
+                and ann.get(keys.VGPU_NODE) != ctx.node_name and pod_requests_gpu(pod, ctx.config)):
+            m = pod.get("metadata") or {}
+            sched = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+            bypassed.append(f"pod {m.get('namespace')}/{m.get('name')} is bound to {ctx.node_name} and asks "
+                            f"for GPUs but the HAMi scheduler did not place it (schedulerName {sched}, no "
+                            f"{keys.VGPU_NODE}={ctx.node_name})")
         if ann.get(keys.BIND_PHASE) != keys.BIND_PHASE_ALLOCATING:
             continue
         bt = _int_quantity(ann.get(keys.BIND_TIME))
@@ -316,4 +332,5 @@ def allocating_pods_facts(ctx: Context, facts: Facts) -> None:
             stuck.append(f"pod {m.get('namespace')}/{m.get('name')} (uid {m.get('uid', '?')}) bound "
                          f"{age:.0f}s ago, {keys.BIND_PHASE}=allocating, still Pending")
     facts.set("node.allocating_pods", len(stuck), *stuck)
+    facts.set("node.unscheduled_gpu_pods", len(bypassed), *bypassed)
     facts.set("node.pods_on_node", len(pods))

@@ -1,9 +1,19 @@
 """Seed 000 (device plugin guide): registration, NVML errors, handshake, Allocate failures, libvgpu.so."""
 
 from hami_agent.doctor.engine import Rule, Tree
-from hami_agent.doctor.model import ERROR, WARNING
+from hami_agent.doctor.model import CRITICAL, ERROR, WARNING
 
 REREGISTER = "ansible-playbook playbooks/reregister_devices.yml -l {target.node}"
+RETRY = ("a refused pod is Failed (UnexpectedAdmissionError) and the kubelet does not retry it: delete it; "
+         "its controller creates a new one, which the HAMi scheduler places again")
+REFUSALS = ("allocate_refused:refused_no_lock", "allocate_refused:refused_lock_other",
+            "allocate_refused:refused_ambiguous", "allocate_refused:refused_overcommit",
+            "allocate_refused:refused_kubelet_choice")
+
+
+def _refusal_evidence(key: str, *more: str) -> tuple[str, ...]:
+    return (f"plugin.log.{key}", f"kubelet.log.{key}", f"events.{key}", *more)
+
 
 TREE = Tree(
     name="seed000_device_plugin",
@@ -94,14 +104,83 @@ TREE = Tree(
             evidence=("plugin.log.unknown_device",),
             fix="check GPU health and the advertised IDs (`hami-agent devices`); " + REREGISTER,
         ),
+        # The device plugin's refusals: it allocates only for the node lock's owner, and writes nothing
+        # when it refuses (deviceplugin/owner.py, allocator.py, capacity.py).
+        Rule(
+            code="ALLOCATE_NO_NODE_LOCK", severity=ERROR, when=("allocate_refused:refused_no_lock",),
+            summary="the device plugin on {target.node} refused Allocate: no node lock (hami.io/mutex.lock) "
+                    "names a pod there, so the pod being admitted was not bound by the HAMi scheduler (or "
+                    "its lock was gone before the kubelet admitted it); nothing was allocated or written",
+            evidence=_refusal_evidence("refused_no_lock", "node.lock.present", "node.unscheduled_gpu_pods",
+                                       "pod.node_name", "pod.scheduler_name", "pod.vgpu_node",
+                                       "pod.bind_phase", "pod.bind_age_s"),
+            fix="a pod created with spec.nodeName (or by another scheduler) bypasses the HAMi scheduler and "
+                "gets no GPU: delete it and create it without spec.nodeName, so hami-scheduler places it "
+                "(the webhook sets schedulerName). A pod that does carry hami.io/vgpu-node={target.node} "
+                "and bind-phase=allocating lost its lock before admission (the kubelet took longer than the "
+                "5 min lock expiry, or the lock was removed by hand): " + RETRY,
+        ),
+        Rule(
+            code="ALLOCATE_LOCK_NAMES_OTHER_POD", severity=ERROR,
+            when=("allocate_refused:refused_lock_other",),
+            summary="the device plugin on {target.node} refused Allocate: the node lock names a pod that "
+                    "does not exist or is not waiting for its devices (owner {node.lock.owner}, state "
+                    "{node.lock.owner_state}, {node.lock.age_s}s old), so no pod can be allocated there "
+                    "until the lock goes; nothing was written",
+            evidence=_refusal_evidence("refused_lock_other", "node.lock.owner", "node.lock.age_s",
+                                       "node.lock.owner_state", "pod.bind_phase"),
+            fix="the scheduler's leader releases a lock whose owner is gone, finished, bound elsewhere or "
+                "already allocated at its next lock audit (every 60 s) and any lock after the 5 min expiry; "
+                "now: ansible-playbook playbooks/remediate_node_lock.yml -l {target.node} (or: kubectl "
+                "annotate node {target.node} hami.io/mutex.lock-); then " + RETRY,
+        ),
+        Rule(
+            code="ALLOCATE_AMBIGUOUS_ADMISSION", severity=ERROR, when=("allocate_refused:refused_ambiguous",),
+            summary="the device plugin on {target.node} refused Allocate: besides the node lock's owner, "
+                    "other pods on the node wait for the same resource without an allocation, so it cannot "
+                    "tell which pod the kubelet is admitting (the kubelet's request names devices, not "
+                    "pods); nothing was written",
+            evidence=_refusal_evidence("refused_ambiguous", "node.unscheduled_gpu_pods", "node.lock.owner"),
+            fix="the other pods the message names reached the node without the HAMi scheduler (spec.nodeName "
+                "set by their creator, or another scheduler): delete them, or recreate them without "
+                "spec.nodeName so hami-scheduler places them. A pod whose bind answer was lost is rejected "
+                "by the kubelet on its own and stops counting. Then " + RETRY,
+        ),
+        Rule(
+            code="ALLOCATE_OVERCOMMIT_REFUSED", severity=CRITICAL,
+            when=("allocate_refused:refused_overcommit",),
+            summary="the device plugin on {target.node} refused an allocation the scheduler cannot have "
+                    "made: the pod's hami.io allocation annotations would over-commit a GPU, name a GPU the "
+                    "node did not register, or disagree with each other; someone other than the scheduler "
+                    "wrote them",
+            evidence=_refusal_evidence("refused_overcommit", "pod.allocated", "node.register.devices"),
+            fix="check that the admission rule protecting HAMi's allocation keys is installed (kubectl get "
+                "validatingadmissionpolicy hami-allocation-keys; docs/security.md) and find other damage "
+                "with `hami-agent doctor invariants`; delete the pod (its allocation is not trustworthy): "
+                "its controller's new pod is placed by the HAMi scheduler",
+        ),
+        Rule(
+            code="ALLOCATE_KUBELET_CHOSE_OTHER_DEVICES", severity=ERROR,
+            when=("allocate_refused:refused_kubelet_choice",),
+            summary="the kubelet on {target.node} asked Allocate for other GPUs than the HAMi scheduler "
+                    "allocated to the container; the device plugin refused rather than hand out devices the "
+                    "kubelet accounted elsewhere (nothing was allocated)",
+            evidence=_refusal_evidence("refused_kubelet_choice", "pod.allocated"),
+            fix="usually the kubelet's Topology Manager (topologyManagerPolicy single-numa-node, restricted "
+                "or best-effort) overrode GetPreferredAllocation, or GetPreferredAllocation had no hint "
+                "because the node lock was not visible yet (plugin log at -v 3: \"without scheduler "
+                "hint\"): with a strict NUMA policy ask the scheduler for NUMA-aligned GPUs "
+                "(nvidia.com/numa-bind: \"true\" on the pod); " + RETRY,
+        ),
         Rule(
             code="ALLOCATE_POD_NOT_FOUND", severity=ERROR, when=("log:plugin.log.pending_pod_missing",),
-            summary="Allocate could not find the pod being admitted (\"failed to get pending pod\" / \"no "
-                    "binding "
-                    "pod found on node\")",
+            unless=REFUSALS,
+            summary="Allocate could not read the pod being admitted (\"failed to get pending pod\" / HAMi's "
+                    "\"no binding pod found on node\"): the node lock or its owner did not come from the "
+                    "API within the RPC deadline",
             evidence=("plugin.log.pending_pod_missing", "node.lock.owner"),
-            fix="check API server reachability and the plugin's RBAC (get/list pods); the pod must carry "
-                "hami.io/bind-phase=allocating and hami.io/vgpu-node={target.node}",
+            fix="check API server reachability from {target.node} and the plugin's RBAC (nodes get on its "
+                "own node, pods get/list); " + RETRY,
         ),
         Rule(
             code="POD_DEVICES_MALFORMED", severity=ERROR, when=("pod_devices_malformed",),
