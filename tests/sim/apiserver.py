@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.sim import apiserver_reviews
+from tests.sim import apiserver_lists, apiserver_reviews
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
 from tests.sim.apiserver_rbac import (
     BOOTSTRAP_CLUSTER_ROLES,
@@ -149,14 +149,32 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    # request accounting (tests/sim/apiserver_lists.py): who sent it, the verb, bytes out
+    acct_who: tuple[str, str] = ("", "")
+    acct_verb: str | None = None
+    acct_done = False
+    acct_sent = 0
+
     # -- plumbing
     def _dispatch(self, method: str) -> None:
         api = self.server.api
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip() or None
-        body: Any = None
         length = int(self.headers.get("Content-Length") or 0)
+        self.acct_who, self.acct_verb, self.acct_done, self.acct_sent = (
+            (self.headers.get("User-Agent") or "", ""), None, False, 0)
+        code = 0
+        try:
+            code = self._dispatch_inner(api, method, parts, query, content_type, length)
+        finally:
+            if not self.acct_done:
+                verb = self.acct_verb or apiserver_lists.verb_of(method, query, named=False)
+                api.accounting.record(*self.acct_who, verb, code, length, self.acct_sent)
+
+    def _dispatch_inner(self, api: ApiServer, method: str, parts: Any, query: dict[str, str],  # noqa: PLR0917
+                        content_type: str | None, length: int) -> int:
+        body: Any = None
         audit: AuditRecord | None = None
         try:
             if length:
@@ -166,6 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
                 except ValueError:
                     raise bad_request(f"the request body is not valid JSON: {raw[:80]!r}") from None
             user = api._authenticate(self.headers.get("Authorization"))
+            self.acct_who = (self.acct_who[0], user.username)
             audit = AuditRecord(user)
             api._log(RequestRecord(method, parts.path, query, content_type, body, user.username))
             api._apply_faults(method, parts.path)
@@ -174,16 +193,18 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
             api._audit(audit, e.code)
             self._send_json(e.code, e.status(), {**headers, **_warning_headers(audit)})
-            return
+            return e.code
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
-            return
+            return 0
         api._audit(audit, status)
         if payload is not None:
             self._send_json(status, payload, _warning_headers(audit))
+        return status
 
     def _send_json(self, code: int, payload: Obj, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
+        self.acct_sent += len(data)
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -198,6 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
     def write_chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+        if data:
+            self.server.api.accounting.add_bytes_out(*self.acct_who, "watch", len(data))
 
 
 def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
@@ -227,6 +250,8 @@ class ApiServer:
         self.audit: deque[AuditRecord] = deque(maxlen=20000)
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: deque[RequestRecord] = deque(maxlen=2000)
+        # requests per (User-Agent, user, verb) with bytes: tests/sim/apiserver_lists.py
+        self.accounting = apiserver_lists.RequestAccounting()
         self._port = port
         self._httpd: _HttpServer | None = None
         self._thread: threading.Thread | None = None
@@ -566,16 +591,19 @@ class ApiServer:
         self._authorize(user, attrs)
         if route.subresource is not None and route.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        handler.acct_verb = apiserver_lists.verb_of(method, query, named=route.name is not None)
         if route.name is None:
             if method == "GET" and query.get("watch") in ("1", "true"):
                 self._audit(audit, 200)
+                self.accounting.record(*handler.acct_who, "watch", 200, 0, 0)
+                handler.acct_done = True
                 self._serve_watch(rt, route.namespace, query, handler)
                 return 200, None
             if method == "GET":
-                items, rv = store.list(rt, route.namespace or None, query.get("labelSelector"),
-                                       query.get("fieldSelector"))
-                return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
-                             "metadata": {"resourceVersion": str(rv)}, "items": items}
+                out = apiserver_lists.serve_list(store, rt, route.namespace or None, query)
+                if out.source == "etcd":
+                    handler.acct_verb = "list-etcd"
+                return 200, out.payload
             if method == "POST":
                 if not isinstance(body, dict):
                     raise bad_request("the request body must be a JSON object")
