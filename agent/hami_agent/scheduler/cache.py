@@ -173,9 +173,10 @@ class UsageCache:
                 del self._assumed[uid]  # confirmed: from now on the informer is the truth
             self._set(uid, usage)
 
-    def observe_gone(self, uid: str) -> None:
-        """The pod was deleted or has finished: it counts nothing, whatever was assumed."""
-        self.remove_pod(uid)
+    def observe_gone(self, uid: str) -> PodUsage | None:
+        """The pod was deleted or has finished: it counts nothing, whatever was assumed. Returns the usage
+        it no longer counts (None when it counted nothing)."""
+        return self.remove_pod(uid)
 
     def assume(self, uid: str, usage: PodUsage | None, signature: Signature | None,
                ttl_s: float = 300.0, now: float | None = None) -> None:

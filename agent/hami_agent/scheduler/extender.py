@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,9 @@ class SchedulerConfig:
     # /filter makes at most a read, a write and a read-back, a /bind a few more.
     api_timeout_s: float = 4.0
     settle_s: float = 90.0  # after this, an unanswered write that left the pod unchanged counts as lost
+    # a /bind that meets a node lock held by a pod still being allocated waits this long for its release
+    # (scheduler/lockwait.py; kube-scheduler's extender httpTimeout is 30 s); 0: fail at once, as HAMi
+    bind_lock_wait_s: float = 15.0
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
@@ -100,6 +104,7 @@ class Extender:
                              healer=self.healer, decisions=self.decisions, config=self.config,
                              events=events, count=self._count)
         self.gate.on_lost(self.decisions.clear)
+        self.requeue: Any = None  # scheduler/requeue.py Requeuer: told when /filter finds no node
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict) -> dict:
@@ -156,6 +161,8 @@ class Extender:
                 self.cache.restore(uid, prev)
         if dec.node is None:
             self._count("filter", "unschedulable")
+            if self.requeue is not None and not simulate:
+                self.requeue.refused()
             logger.info("pod %s/%s: no node fits: %d nodes do not meet", ns, name, len(dec.failed))
             if self.events:
                 for msg in ev.filtering_failed_messages(dec.failed):
@@ -242,6 +249,15 @@ class Extender:
 
     # ------------------------------------------------------------------------------------- bind
     def bind(self, args: dict) -> dict:
+        """/bind, answered when done (a bind waiting for its node lock is waited for here)."""
+        out = self.bind_async(args)
+        if isinstance(out, Future):
+            # a waiting bind resolves within the waiter's deadline plus the bind's own API calls
+            return out.result(timeout=self.config.bind_lock_wait_s + 4 * self.config.api_timeout_s + 5)
+        return out
+
+    def bind_async(self, args: dict) -> dict | Future:
+        """/bind for the HTTP server: a ``Future`` while the bind waits for its node lock."""
         b = parse_bind_args(args)
         if not self.gate.is_leader():
             self._count("bind", "forwarded")
