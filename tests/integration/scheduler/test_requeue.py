@@ -68,7 +68,7 @@ def test_refused_pod_runs_once_the_extender_frees_the_gpu(api_server):
         freed = _race(api_server, app, sim, lag_s=0.5)
         assert sim.wait_idle(15, expect_bound=2), (sim.queue.get("default/second"), sim.failures[-3:])
         # one refusal right after the deletion: backoff 2 s, then the retry the node update triggered
-        assert sim.bound_at["default/second"] - freed < 4.0
+        assert sim.bound_at["default/second"] - freed < 10.0  # vs 300 s (the flush) without the announcement
         assert ANNOTATION in api_server.get("Node", None, "gpu-1")["metadata"]["annotations"]
         assert app.requeue.kicks >= 1
 

@@ -181,8 +181,15 @@ def test_every_component_with_its_own_token_works_and_uses_exactly_its_grants(  
         # an unschedulable pod: FilteringFailed events, repeated (the correlator patches the count)
         assert cluster.call("tenant", "POST", f"/api/v1/namespaces/{TENANT_NS}/pods",
                             gpu_pod("huge", gpus=1, mem=10 ** 6))[0] == 201
-        assert wait(lambda: any(r.user.username == SCHED_USER and r.attrs and r.attrs.verb == "patch"
-                                and r.attrs.resource == "events" for r in list(api.audit)), 30)
+        # kube-scheduler parks the refused pod until a cluster event: a node label change retries it
+        assert wait(lambda: any(k.endswith("/huge") for k, _m in sim.failures), 30)
+
+        def patched_events() -> bool:
+            api.patch("nodes", None, NODES[1], {"metadata": {"labels": {"retry": str(time.monotonic())}}})
+            return any(r.user.username == SCHED_USER and r.attrs and r.attrs.verb == "patch"
+                       and r.attrs.resource == "events" for r in list(api.audit))
+
+        assert wait(patched_events, 30, step=1.5)
         # leader election renews (lease update) at least once
         assert wait(lambda: any(r.user.username == SCHED_USER and r.attrs and r.attrs.verb == "update"
                                 and r.attrs.resource == "leases" for r in list(api.audit)), 10)
