@@ -19,14 +19,19 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from benchmarks.apiserver_proc import ApiServerProcess
 from hami_agent.config import build_config
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_agent.deviceplugin.manager import DevicePluginManager
@@ -38,7 +43,6 @@ from hami_agent.k8s.informer import Informer
 from hami_agent.protocol import keys
 from hami_agent.scheduler.app import SchedulerApp
 from hami_agent.scheduler.extender import SchedulerConfig
-from tests.sim.apiserver import ApiServer
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kubelet import SimulatedKubelet
 from tests.unit.deviceplugin.fakes import FakeGpu, FakeSnapshot, FakeSource
@@ -114,9 +118,11 @@ class SimCluster:
         self.config = config or SchedulerConfig(event_nodes=5)
         self.queue_kw = queue_kw or {}
         self.tmp = tempfile.mkdtemp(prefix="hami-e2e-", dir="/tmp")
-        self.api = ApiServer(history_limit=200_000, bookmark_interval_s=5.0)
+        self.api: ApiServerProcess | None = None
         self.nodes: dict[str, SimNode] = {}
         self.app: SchedulerApp | None = None
+        self.extender_proc: subprocess.Popen | None = None
+        self.extender_url: str | None = None
         self.sim: KubeSchedulerSim | None = None
         self.client: KubeClient | None = None
         self._pods: Informer | None = None
@@ -131,7 +137,7 @@ class SimCluster:
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> SimCluster:
-        self.api.start()
+        self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"))
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=10, component="bench")
         for i in range(self.n_nodes):
             self._add_node(f"node-{i:03d}")
@@ -145,24 +151,47 @@ class SimCluster:
         self._locks.start()
         assert self._pods.wait_synced(30) and self._locks.wait_synced(30)
         if self.extender:
-            sched = KubeClient.from_kubeconfig(self.api.kubeconfig_path, component="scheduler")
-            self.app = SchedulerApp(sched, self.config, register_interval_s=5.0).start()
-            if not self.app.extender.synced.wait(60):
-                raise RuntimeError("scheduler caches did not sync")
+            self._start_extender()
         sched_client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, component="kube-scheduler")
-        self.sim = KubeSchedulerSim(sched_client, self.app.url if self.app else None, post_events=True,
+        self.sim = KubeSchedulerSim(sched_client, self.extender_url, post_events=True,
                                     **self.queue_kw).start()
         return self
+
+    def _start_extender(self) -> None:
+        """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
+        hundred simulated nodes would charge their work to /filter)."""
+        assert self.api is not None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = open(os.path.join(self.tmp, "extender.log"), "w")  # noqa: SIM115
+        self.extender_proc = subprocess.Popen(
+            [sys.executable, "-m", "hami_agent", "scheduler", "--kubeconfig", self.api.kubeconfig_path,
+             "--bind-address", f"127.0.0.1:{port}", "--metrics-bind", "",
+             "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s"],
+            stdout=log, stderr=subprocess.STDOUT)
+        self.extender_url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"{self.extender_url}/readyz", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        if not wait_for(ready, 60, step=0.2):
+            raise RuntimeError(f"extender did not become ready: {open(log.name).read()[-2000:]}")
 
     def _add_node(self, name: str) -> None:
         assert self.client is not None
         root = os.path.join(self.tmp, name)
         os.makedirs(root)
         alloc = str(self.gpus * self.split)
-        self.api.create({"apiVersion": "v1", "kind": "Node",
-                         "metadata": {"name": name, "labels": {"gpu": "on"}},
-                         "status": {"allocatable": {GPU: alloc, "cpu": "64"}, "capacity": {GPU: alloc},
-                                    "conditions": [{"type": "Ready", "status": "True"}]}})
+        self.client.create("nodes", {"apiVersion": "v1", "kind": "Node",
+                                     "metadata": {"name": name, "labels": {"gpu": "on"}},
+                                     "status": {"allocatable": {GPU: alloc, "cpu": "64"},
+                                                "capacity": {GPU: alloc},
+                                                "conditions": [{"type": "Ready", "status": "True"}]}})
         kubelet = SimulatedKubelet(root, verbosity=0, node_name=name).start()
         node = SimNode(name, root, kubelet)
         if self.extender:
@@ -204,6 +233,13 @@ class SimCluster:
                 c.stop()
         if self.app is not None:
             self.app.stop()
+        if self.extender_proc is not None:
+            self.extender_proc.terminate()
+            try:
+                self.extender_proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.extender_proc.kill()
+                self.extender_proc.wait(5)
         for node in self.nodes.values():
             if node.manager is not None:
                 node.manager.stop()
@@ -216,7 +252,8 @@ class SimCluster:
             if node.plain_server is not None:
                 node.plain_server.stop(0)
             threading.Thread(target=node.kubelet.close, daemon=True).start()
-        self.api.close()
+        if self.api is not None:
+            self.api.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # ------------------------------------------------------------------------------ kubelet side
@@ -300,7 +337,8 @@ class SimCluster:
         keys_ = []
         for i in range(n):
             name = f"{prefix}-{i:04d}"
-            self.api.create({"apiVersion": "v1", "kind": "Pod",
+            assert self.client is not None
+            self.client.create("pods", {"apiVersion": "v1", "kind": "Pod",
                              "metadata": {"name": name, "namespace": "default", "labels": {"job": prefix}},
                              "spec": {"schedulerName": "hami-scheduler", "containers": [
                                  {"name": "main", "image": "cuda", "resources": {"limits": dict(limits)}}]}})

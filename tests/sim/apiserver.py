@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.sim import apiserver_lists, apiserver_reviews
+from tests.sim import apiserver_lists, apiserver_reviews, apiserver_watch
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
 from tests.sim.apiserver_rbac import (
     BOOTSTRAP_CLUSTER_ROLES,
@@ -241,6 +241,8 @@ class ApiServer:
         stored ClusterRoles/Roles and their bindings (403 otherwise). ValidatingAdmissionPolicies are
         enforced whenever a binding is stored (tests/sim/apiserver_admission.py)."""
         self.store = Store(history_limit=history_limit)
+        self.watch_hub = apiserver_watch.WatchHub()  # each write goes to the watches it may concern
+        self.store.on_record = self.watch_hub.publish
         self.auth = auth
         self.rbac = RbacAuthorizer(self.store) if rbac else None
         if rbac:
@@ -312,6 +314,7 @@ class ApiServer:
         if httpd is None:
             return
         self._stopping.set()
+        self.watch_hub.close_all()
         with self.store.condition:
             self.store.condition.notify_all()
         httpd.shutdown()
@@ -673,50 +676,52 @@ class ApiServer:
         def send(type_: str, obj: Obj) -> None:
             h.write_chunk(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
 
-        try:
+        hub = self.watch_hub
+        expired_at = None
+        initial: list[Obj] = []
+        backlog: list[HistoryEntry] = []
+        with store.condition:  # no write can happen between the subscription and the starting point
+            sub = hub.subscribe(rt.plural, apiserver_watch.index_of(query.get("fieldSelector")))
             if rv_param in ("", "0"):
                 # "Get State and Start at Most Recent": synthetic ADDED for what exists now.
-                with store.condition:
-                    items, cursor = store.list(rt, ns or None)
-                for o in items:
-                    if matches(o):
-                        send("ADDED", o)
+                items, cursor = store.list(rt, ns or None)
+                initial = [o for o in items if matches(o)]
             else:
                 cursor = int(rv_param)
                 if store.expired(cursor):
-                    err = ApiError(410, "Expired",
-                                   f"too old resource version: {cursor} ({store.oldest_rv()})")
-                    send("ERROR", err.status())
-                    h.write_chunk(b"")
-                    return
+                    expired_at = cursor
+                else:
+                    backlog = [e for e in store.entries_after(cursor) if e.plural == rt.plural]
+        try:
+            if expired_at is not None:
+                err = ApiError(410, "Expired",
+                               f"too old resource version: {expired_at} ({store.oldest_rv()})")
+                send("ERROR", err.status())
+                h.write_chunk(b"")
+                return
+            for o in initial:
+                send("ADDED", o)
             last_sent = time.monotonic()
+            pending = backlog
             while not self._stopping.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                with store.condition:
-                    entries = [e for e in store.entries_after(cursor) if e.plural == rt.plural]
-                    if not entries:
-                        newest = store.current_rv()
-                        if store.expired(cursor):
-                            entries = None  # fell out of the window while we were idle
-                        else:
-                            store.condition.wait(min(remaining, 0.5))
-                            entries = [e for e in store.entries_after(cursor) if e.plural == rt.plural]
-                            if not entries:
-                                cursor = max(cursor, newest)
-                if entries is None:
-                    err = ApiError(410, "Expired",
-                                   f"too old resource version: {cursor} ({store.oldest_rv()})")
-                    send("ERROR", err.status())
-                    break
-                for e in entries:
-                    out = _translate(e, matches)
+                if not pending:
+                    pending = sub.get(min(remaining, 0.5, self.bookmark_interval_s))
+                for e in pending:
+                    if e.rv <= cursor:
+                        continue
                     cursor = e.rv
+                    out = _translate(e, matches)
                     if out is not None:
                         send(*out)
                         last_sent = time.monotonic()
-                if (bookmarks and not entries and time.monotonic() - last_sent >= self.bookmark_interval_s):
+                pending = []
+                if bookmarks and time.monotonic() - last_sent >= self.bookmark_interval_s:
+                    with store.condition:  # nothing queued: every relevant write up to now was sent
+                        if sub.empty():
+                            cursor = max(cursor, store.current_rv())
                     send("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version,
                                       "metadata": {"resourceVersion": str(cursor)}})
                     last_sent = time.monotonic()
@@ -726,6 +731,8 @@ class ApiServer:
             h.write_chunk(b"")
         except OSError:
             h.close_connection = True
+        finally:
+            hub.unsubscribe(sub)
 
 
 def _translate(e: HistoryEntry, matches: Any) -> tuple[str, Obj] | None:
