@@ -27,6 +27,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -108,18 +109,166 @@ class SimNode:
     plain_server: grpc.Server | None = None
 
 
+class NodeHost:
+    """Some SIMULATED nodes: per node a kubelet device manager and a device plugin (ours, or the plain one
+    without HAMi); and the kubelet side of pod handling for them: admit each pod bound to one of them,
+    write ``Running`` (or ``Failed``), release the devices of a deleted pod. Runs in the benchmark's process
+    or, for large fleets, in processes of its own (``python -m benchmarks.e2e_schedule.cluster``): a
+    hundred device plugins in one Python process starve each other of the GIL."""
+
+    def __init__(self, kubeconfig: str, names: list[str], tmp: str, *, gpus: int, split: int,
+                 extender: bool) -> None:
+        self.kubeconfig = kubeconfig
+        self.names = names
+        self.tmp = tmp
+        self.gpus = gpus
+        self.split = split
+        self.extender = extender
+        self.nodes: dict[str, SimNode] = {}
+        self.client = KubeClient.from_kubeconfig(kubeconfig, timeout_s=10, component="kubelet-sim")
+        self._pods: Informer | None = None
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self.rejected: dict[str, str] = {}
+
+    def start(self) -> NodeHost:
+        for name in self.names:
+            self._add_node(name)
+        self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0)
+        self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p),
+                               on_delete=self._on_pod_gone)
+        self._pods.start()
+        if not self._pods.wait_synced(60):
+            raise RuntimeError("kubelet pod watch did not sync")
+        return self
+
+    def _add_node(self, name: str) -> None:
+        root = os.path.join(self.tmp, name)
+        os.makedirs(root, exist_ok=True)
+        kubelet = SimulatedKubelet(root, verbosity=0, node_name=name).start()
+        node = SimNode(name, root, kubelet)
+        if self.extender:
+            self._start_plugin(node)
+        else:
+            node.plain = PlainPlugin(self.gpus * self.split)
+            node.plain_server = node.plain.serve(root)
+        if not kubelet.wait_registered(GPU, 60, min_devices=self.gpus * self.split):
+            raise RuntimeError(f"{name}: device plugin did not register")
+        self.nodes[name] = node
+
+    def _start_plugin(self, node: SimNode) -> None:
+        n = int(node.name.rsplit("-", 1)[1])
+        gpus = tuple(FakeGpu(index=i, uuid=f"GPU-{n:08x}-{i:04x}-4000-8000-{n * 100 + i:012x}", numa=i // 4,
+                             name="NVIDIA A100-SXM4-80GB", type="NVIDIA-NVIDIA A100-SXM4-80GB",
+                             memory_mib=81920) for i in range(self.gpus))
+        source = FakeSource(FakeSnapshot(gpus=gpus))
+        client = KubeClient.from_kubeconfig(self.kubeconfig, timeout_s=5, component="device-plugin",
+                                            qps=5.0, burst=10)
+        fast = client.with_options(timeout_s=1.0, attempts=1, limiter=None)
+        pods = Informer(client, "pods", field_selector=f"spec.nodeName={node.name}").start()
+        nodes = Informer(client, "nodes", field_selector=f"metadata.name={node.name}").start()
+        node.informers = [pods, nodes]
+        s = PluginSettings(node_name=node.name, device_plugin_dir=node.root, device_split_count=self.split,
+                           hook_path=os.path.join(node.root, "hook"),
+                           vgpu_lock_dir=os.path.join(node.root, "lock"),
+                           mig_apply_lock=os.path.join(node.root, "mig.lock"), first_snapshot_wait_s=5)
+        node.manager = DevicePluginManager(s, lambda: source, K8sPodSource(node.name, fast, pods, nodes))
+        node.thread = threading.Thread(target=node.manager.run, name=f"plugin-{node.name}", daemon=True)
+        node.thread.start()
+        cfg = build_config([{"nvidia": {"deviceSplitCount": self.split}}], node.name)
+        reg = NodeRegistrar(client, node.name, source, cfg, node_source=lambda: nodes.get(None, node.name))
+        if not wait_for(lambda: pods.synced and nodes.synced, 60) or not reg.register_once():
+            raise RuntimeError(f"{node.name}: register annotation not written: {reg.last_error}")
+
+    def _on_pod(self, pod: dict) -> None:
+        md = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        if (pod.get("status") or {}).get("phase", "Pending") != "Pending" or node not in self.nodes:
+            return
+        uid = md.get("uid")
+        with self._lock:
+            if uid in self._seen:
+                return
+            self._seen.add(uid)
+        fut = self.nodes[node].kubelet.submit(pod)
+        fut.add_done_callback(lambda f, p=pod: self._admitted(p, f.result()))
+
+    def _admitted(self, pod: dict, result: Any) -> None:
+        md = pod["metadata"]
+        status = ({"phase": "Running"} if result.admitted else
+                  {"phase": "Failed", "reason": result.reason, "message": result.message})
+        if not result.admitted:
+            with self._lock:
+                self.rejected[f"{md.get('namespace')}/{md['name']}"] = result.message
+        try:
+            self.client.patch_pod_status(md.get("namespace", "default"), md["name"], status)
+        except Exception as exc:  # noqa: BLE001 - the pod may be gone
+            with self._lock:
+                self.rejected.setdefault(f"{md.get('namespace')}/{md['name']}", f"status write failed: {exc}")
+
+    def _on_pod_gone(self, pod: dict) -> None:
+        node = self.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+        if node is not None:
+            node.kubelet.release((pod.get("metadata") or {}).get("uid", ""))
+
+    def stop(self) -> None:
+        if self._pods is not None:
+            self._pods.stop()
+        for node in self.nodes.values():
+            if node.manager is not None:
+                node.manager.stop()
+                if node.thread is not None:
+                    node.thread.join(10)
+            for inf in node.informers:
+                inf.stop()
+            if node.plain is not None:
+                node.plain.stop()
+            if node.plain_server is not None:
+                node.plain_server.stop(0)
+            threading.Thread(target=node.kubelet.close, daemon=True).start()
+
+
+def host_main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.e2e_schedule.cluster --kubeconfig K --root DIR --nodes a,b [--plain]``:
+    a NodeHost process; writes ``DIR/ready`` when its nodes are registered, stops on SIGTERM."""
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--nodes", required=True)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--split", type=int, default=10)
+    p.add_argument("--plain", action="store_true")
+    args = p.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    host = NodeHost(args.kubeconfig, args.nodes.split(","), args.root, gpus=args.gpus, split=args.split,
+                    extender=not args.plain).start()
+    with open(os.path.join(args.root, "ready"), "w") as f:
+        f.write("ok")
+    stop.wait()
+    host.stop()
+    return 0
+
+
 class SimCluster:
     def __init__(self, n_nodes: int, *, gpus: int = 8, split: int = 10, extender: bool = True,
-                 config: SchedulerConfig | None = None, queue_kw: dict | None = None) -> None:
+                 config: SchedulerConfig | None = None, queue_kw: dict | None = None,
+                 hosts: int = 0) -> None:
+        """``hosts``: node-host processes (0: the nodes run in this process)."""
         self.n_nodes = n_nodes
         self.gpus = gpus
         self.split = split
         self.extender = extender
         self.config = config or SchedulerConfig(event_nodes=5)
         self.queue_kw = queue_kw or {}
+        self.hosts = hosts
         self.tmp = tempfile.mkdtemp(prefix="hami-e2e-", dir="/tmp")
         self.api: ApiServerProcess | None = None
-        self.nodes: dict[str, SimNode] = {}
+        self.host: NodeHost | None = None
+        self.host_procs: list[subprocess.Popen] = []
         self.app: SchedulerApp | None = None
         self.extender_proc: subprocess.Popen | None = None
         self.extender_url: str | None = None
@@ -127,10 +276,9 @@ class SimCluster:
         self.client: KubeClient | None = None
         self._pods: Informer | None = None
         self._locks: Informer | None = None
-        self._seen: set[str] = set()
         self._lock = threading.Lock()
         self.running_at: dict[str, float] = {}
-        self.rejected: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
         self.lock_set: dict[str, float] = {}  # lock value -> first seen
         self.lock_released: dict[str, float] = {}  # lock value -> gone
         self.pod_times: dict[str, dict[str, float]] = {}  # "ns/name" -> stage -> time first seen
@@ -139,12 +287,18 @@ class SimCluster:
     def start(self) -> SimCluster:
         self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"))
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=10, component="bench")
-        for i in range(self.n_nodes):
-            self._add_node(f"node-{i:03d}")
-        # the kubelets' pod watch (shared) and the benchmark's own observers
+        names = [f"node-{i:03d}" for i in range(self.n_nodes)]
+        alloc = str(self.gpus * self.split)
+        for name in names:
+            self.client.create("nodes", {"apiVersion": "v1", "kind": "Node",
+                                         "metadata": {"name": name, "labels": {"gpu": "on"}},
+                                         "status": {"allocatable": {GPU: alloc, "cpu": "64"},
+                                                    "capacity": {GPU: alloc},
+                                                    "conditions": [{"type": "Ready", "status": "True"}]}})
+        self._start_nodes(names)
+        # the benchmark's observers: pod stages and node lock holds
         self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0)
-        self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p),
-                               on_delete=self._on_pod_gone)
+        self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p))
         self._locks = Informer(self.client, "nodes", resync_s=0)
         self._locks.add_handler(on_add=self._on_node, on_update=self._on_node_update)
         self._pods.start()
@@ -156,6 +310,31 @@ class SimCluster:
         self.sim = KubeSchedulerSim(sched_client, self.extender_url, post_events=True,
                                     **self.queue_kw).start()
         return self
+
+    def _start_nodes(self, names: list[str]) -> None:
+        assert self.api is not None
+        if self.hosts <= 0:
+            self.host = NodeHost(self.api.kubeconfig_path, names, self.tmp, gpus=self.gpus, split=self.split,
+                                 extender=self.extender).start()
+            return
+        root = Path(__file__).resolve().parent.parent.parent
+        env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        dirs = []
+        for h in range(self.hosts):
+            part = names[h::self.hosts]
+            if not part:
+                continue
+            d = os.path.join(self.tmp, f"host-{h}")
+            os.makedirs(d)
+            dirs.append(d)
+            cmd = [sys.executable, "-m", "benchmarks.e2e_schedule.cluster", "--kubeconfig",
+                   self.api.kubeconfig_path, "--root", d, "--nodes", ",".join(part), "--gpus", str(self.gpus),
+                   "--split", str(self.split), *([] if self.extender else ["--plain"])]
+            self.host_procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
+                                                    stderr=open(os.path.join(d, "host.log"), "w")))  # noqa: SIM115
+        if not wait_for(lambda: all(os.path.exists(os.path.join(d, "ready")) for d in dirs), 300, step=0.5):
+            logs = [open(os.path.join(d, "host.log")).read()[-1500:] for d in dirs]
+            raise RuntimeError(f"node hosts did not come up: {logs}")
 
     def _start_extender(self) -> None:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
@@ -182,81 +361,27 @@ class SimCluster:
         if not wait_for(ready, 60, step=0.2):
             raise RuntimeError(f"extender did not become ready: {open(log.name).read()[-2000:]}")
 
-    def _add_node(self, name: str) -> None:
-        assert self.client is not None
-        root = os.path.join(self.tmp, name)
-        os.makedirs(root)
-        alloc = str(self.gpus * self.split)
-        self.client.create("nodes", {"apiVersion": "v1", "kind": "Node",
-                                     "metadata": {"name": name, "labels": {"gpu": "on"}},
-                                     "status": {"allocatable": {GPU: alloc, "cpu": "64"},
-                                                "capacity": {GPU: alloc},
-                                                "conditions": [{"type": "Ready", "status": "True"}]}})
-        kubelet = SimulatedKubelet(root, verbosity=0, node_name=name).start()
-        node = SimNode(name, root, kubelet)
-        if self.extender:
-            self._start_plugin(node)
-        else:
-            node.plain = PlainPlugin(self.gpus * self.split)
-            node.plain_server = node.plain.serve(root)
-        if not kubelet.wait_registered(GPU, 30, min_devices=self.gpus * self.split):
-            raise RuntimeError(f"{name}: device plugin did not register")
-        self.nodes[name] = node
-
-    def _start_plugin(self, node: SimNode) -> None:
-        n = int(node.name.rsplit("-", 1)[1])
-        gpus = tuple(FakeGpu(index=i, uuid=f"GPU-{n:08x}-{i:04x}-4000-8000-{n * 100 + i:012x}", numa=i // 4,
-                             name="NVIDIA A100-SXM4-80GB", type="NVIDIA-NVIDIA A100-SXM4-80GB",
-                             memory_mib=81920) for i in range(self.gpus))
-        source = FakeSource(FakeSnapshot(gpus=gpus))
-        client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=5, component="device-plugin",
-                                            qps=5.0, burst=10)
-        fast = client.with_options(timeout_s=1.0, attempts=1, limiter=None)
-        pods = Informer(client, "pods", field_selector=f"spec.nodeName={node.name}").start()
-        nodes = Informer(client, "nodes", field_selector=f"metadata.name={node.name}").start()
-        node.informers = [pods, nodes]
-        s = PluginSettings(node_name=node.name, device_plugin_dir=node.root, device_split_count=self.split,
-                           hook_path=os.path.join(node.root, "hook"),
-                           vgpu_lock_dir=os.path.join(node.root, "lock"),
-                           mig_apply_lock=os.path.join(node.root, "mig.lock"), first_snapshot_wait_s=5)
-        node.manager = DevicePluginManager(s, lambda: source, K8sPodSource(node.name, fast, pods, nodes))
-        node.thread = threading.Thread(target=node.manager.run, name=f"plugin-{node.name}", daemon=True)
-        node.thread.start()
-        cfg = build_config([{"nvidia": {"deviceSplitCount": self.split}}], node.name)
-        reg = NodeRegistrar(client, node.name, source, cfg, node_source=lambda: nodes.get(None, node.name))
-        if not wait_for(lambda: pods.synced and nodes.synced, 30) or not reg.register_once():
-            raise RuntimeError(f"{node.name}: register annotation not written: {reg.last_error}")
-
     def stop(self) -> None:
         for c in (self.sim, self._pods, self._locks):
             if c is not None:
                 c.stop()
         if self.app is not None:
             self.app.stop()
-        if self.extender_proc is not None:
-            self.extender_proc.terminate()
+        for proc in [*([self.extender_proc] if self.extender_proc else []), *self.host_procs]:
+            proc.terminate()
+        for proc in [*([self.extender_proc] if self.extender_proc else []), *self.host_procs]:
             try:
-                self.extender_proc.wait(10)
+                proc.wait(20)
             except subprocess.TimeoutExpired:
-                self.extender_proc.kill()
-                self.extender_proc.wait(5)
-        for node in self.nodes.values():
-            if node.manager is not None:
-                node.manager.stop()
-                if node.thread is not None:
-                    node.thread.join(10)
-            for inf in node.informers:
-                inf.stop()
-            if node.plain is not None:
-                node.plain.stop()
-            if node.plain_server is not None:
-                node.plain_server.stop(0)
-            threading.Thread(target=node.kubelet.close, daemon=True).start()
+                proc.kill()
+                proc.wait(5)
+        if self.host is not None:
+            self.host.stop()
         if self.api is not None:
             self.api.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    # ------------------------------------------------------------------------------ kubelet side
+    # ------------------------------------------------------------------------------- observers
     def _stage(self, key: str, stage: str) -> None:
         with self._lock:
             self.pod_times.setdefault(key, {}).setdefault(stage, time.monotonic())
@@ -264,47 +389,17 @@ class SimCluster:
     def _on_pod(self, pod: dict) -> None:
         md = pod.get("metadata") or {}
         key = f"{md.get('namespace')}/{md.get('name')}"
-        node = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase", "Pending")
-        ann = md.get("annotations") or {}
         self._stage(key, "bound")
-        if ann.get(keys.BIND_PHASE) == keys.BIND_PHASE_SUCCESS:
+        if ((md.get("annotations") or {}).get(keys.BIND_PHASE)) == keys.BIND_PHASE_SUCCESS:
             self._stage(key, "allocated")
         if phase == "Running":
             with self._lock:
                 self.running_at.setdefault(key, time.monotonic())
-            return
-        uid = md.get("uid")
-        with self._lock:
-            if phase != "Pending" or uid in self._seen or node not in self.nodes:
-                return
-            self._seen.add(uid)
-        fut = self.nodes[node].kubelet.submit(pod)
-        fut.add_done_callback(lambda f, p=pod: self._admitted(p, f.result()))
-
-    def _admitted(self, pod: dict, result: Any) -> None:
-        md = pod["metadata"]
-        key = f"{md.get('namespace')}/{md['name']}"
-        self._stage(key, "admitted")
-        assert self.client is not None
-        status = ({"phase": "Running"} if result.admitted else
-                  {"phase": "Failed", "reason": result.reason, "message": result.message})
-        if not result.admitted:
+        elif phase == "Failed":
             with self._lock:
-                self.rejected[key] = result.message
-        try:
-            self.client.patch_pod_status(md.get("namespace", "default"), md["name"], status)
-        except Exception as exc:  # noqa: BLE001 - the pod may be gone
-            with self._lock:
-                self.rejected.setdefault(key, f"status write failed: {exc}")
+                self.failed.setdefault(key, (pod.get("status") or {}).get("message") or "Failed")
 
-    def _on_pod_gone(self, pod: dict) -> None:
-        md = pod.get("metadata") or {}
-        node = self.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        if node is not None:
-            node.kubelet.release(md.get("uid", ""))
-
-    # ------------------------------------------------------------------------------- observers
     def _on_node(self, node: dict) -> None:
         lock = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_LOCK)
         if lock:
@@ -347,3 +442,7 @@ class SimCluster:
 
     def wait_running(self, keys_: list[str], timeout: float) -> bool:
         return wait_for(lambda: all(k in self.running_at for k in keys_), timeout, step=0.05)
+
+
+if __name__ == "__main__":
+    sys.exit(host_main())
