@@ -168,7 +168,9 @@ class EventSink:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def emit(self, pod: dict, type_: str, reason: str, message: str) -> None:
+    def emit(self, pod: dict, type_: str, reason: str, message: str | Callable[[], str]) -> None:
+        """Queue an event; ``message`` may be a function, called on the worker thread (work the request
+        path should not wait for, e.g. counting every fitting node)."""
         try:
             self._q.put_nowait((pod, type_, reason, message))
         except queue.Full:
@@ -192,6 +194,12 @@ class EventSink:
             if pod is None:
                 message.set()
                 continue
+            if callable(message):
+                try:
+                    message = message()
+                except Exception:  # a bug must not kill the worker
+                    logger.exception("building the %s event message failed", reason)
+                    continue
             ref = {"kind": "Pod", "apiVersion": "v1", "metadata": pod.get("metadata") or {}}
             verdict = self.correlator.correlate(ref["metadata"], "Pod", type_, reason, message,
                                                 self.component)

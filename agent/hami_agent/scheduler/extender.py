@@ -172,6 +172,7 @@ class Extender:
                 self._clear_stale_assignment(pod, ns, name)
             return self._result(failed=dec.failed)
         if log.enabled(logger, 2):
+            self.cache.complete(dec)  # debug logging may pay for the counts on the request path
             log.v(logger, 2, "pod %s/%s: schedule to node %s (score %.2f, %d nodes fit, policy %s/%s)",
                   ns, name, dec.node, self.cache.nodes[dec.node].score if dec.node in self.cache.nodes else 0,
                   dec.n_fit, ctx.node_policy, ",".join(ctx.gpu_policy))
@@ -187,8 +188,14 @@ class Extender:
         self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
         self._count("filter", "scheduled")
         if self.events:
-            self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, ev.filtering_succeed_message(
-                dec.node, len(fa.names) - dec.n_fit, dec.n_fit, dec.fit_nodes, dec.scores))
+            n_names = len(fa.names)
+
+            def message() -> str:  # counts completed on the event thread (cache.complete)
+                d = self.cache.complete(dec)
+                return ev.filtering_succeed_message(d.node or "", n_names - d.n_fit, d.n_fit, d.fit_nodes,
+                                                    d.scores)
+
+            self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, message if dec.pending else message())
         return self._result(names=[dec.node])
 
     def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str) -> str:
