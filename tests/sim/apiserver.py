@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.sim import apiserver_reviews
+from tests.sim import apiserver_lists, apiserver_reviews, apiserver_watch
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
 from tests.sim.apiserver_rbac import (
     BOOTSTRAP_CLUSTER_ROLES,
@@ -149,14 +149,32 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    # request accounting (tests/sim/apiserver_lists.py): who sent it, the verb, bytes out
+    acct_who: tuple[str, str] = ("", "")
+    acct_verb: str | None = None
+    acct_done = False
+    acct_sent = 0
+
     # -- plumbing
     def _dispatch(self, method: str) -> None:
         api = self.server.api
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip() or None
-        body: Any = None
         length = int(self.headers.get("Content-Length") or 0)
+        self.acct_who, self.acct_verb, self.acct_done, self.acct_sent = (
+            (self.headers.get("User-Agent") or "", ""), None, False, 0)
+        code = 0
+        try:
+            code = self._dispatch_inner(api, method, parts, query, content_type, length)
+        finally:
+            if not self.acct_done:
+                verb = self.acct_verb or apiserver_lists.verb_of(method, query, named=False)
+                api.accounting.record(*self.acct_who, verb, code, length, self.acct_sent)
+
+    def _dispatch_inner(self, api: ApiServer, method: str, parts: Any, query: dict[str, str],  # noqa: PLR0917
+                        content_type: str | None, length: int) -> int:
+        body: Any = None
         audit: AuditRecord | None = None
         try:
             if length:
@@ -166,6 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
                 except ValueError:
                     raise bad_request(f"the request body is not valid JSON: {raw[:80]!r}") from None
             user = api._authenticate(self.headers.get("Authorization"))
+            self.acct_who = (self.acct_who[0], user.username)
             audit = AuditRecord(user)
             api._log(RequestRecord(method, parts.path, query, content_type, body, user.username))
             api._apply_faults(method, parts.path)
@@ -174,16 +193,18 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
             api._audit(audit, e.code)
             self._send_json(e.code, e.status(), {**headers, **_warning_headers(audit)})
-            return
+            return e.code
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
-            return
+            return 0
         api._audit(audit, status)
         if payload is not None:
             self._send_json(status, payload, _warning_headers(audit))
+        return status
 
     def _send_json(self, code: int, payload: Obj, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
+        self.acct_sent += len(data)
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -198,6 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
     def write_chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+        if data:
+            self.server.api.accounting.add_bytes_out(*self.acct_who, "watch", len(data))
 
 
 def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
@@ -218,6 +241,8 @@ class ApiServer:
         stored ClusterRoles/Roles and their bindings (403 otherwise). ValidatingAdmissionPolicies are
         enforced whenever a binding is stored (tests/sim/apiserver_admission.py)."""
         self.store = Store(history_limit=history_limit)
+        self.watch_hub = apiserver_watch.WatchHub()  # each write goes to the watches it may concern
+        self.store.on_record = self.watch_hub.publish
         self.auth = auth
         self.rbac = RbacAuthorizer(self.store) if rbac else None
         if rbac:
@@ -227,6 +252,8 @@ class ApiServer:
         self.audit: deque[AuditRecord] = deque(maxlen=20000)
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: deque[RequestRecord] = deque(maxlen=2000)
+        # requests per (User-Agent, user, verb) with bytes: tests/sim/apiserver_lists.py
+        self.accounting = apiserver_lists.RequestAccounting()
         self._port = port
         self._httpd: _HttpServer | None = None
         self._thread: threading.Thread | None = None
@@ -287,6 +314,7 @@ class ApiServer:
         if httpd is None:
             return
         self._stopping.set()
+        self.watch_hub.close_all()
         with self.store.condition:
             self.store.condition.notify_all()
         httpd.shutdown()
@@ -566,16 +594,19 @@ class ApiServer:
         self._authorize(user, attrs)
         if route.subresource is not None and route.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        handler.acct_verb = apiserver_lists.verb_of(method, query, named=route.name is not None)
         if route.name is None:
             if method == "GET" and query.get("watch") in ("1", "true"):
                 self._audit(audit, 200)
+                self.accounting.record(*handler.acct_who, "watch", 200, 0, 0)
+                handler.acct_done = True
                 self._serve_watch(rt, route.namespace, query, handler)
                 return 200, None
             if method == "GET":
-                items, rv = store.list(rt, route.namespace or None, query.get("labelSelector"),
-                                       query.get("fieldSelector"))
-                return 200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
-                             "metadata": {"resourceVersion": str(rv)}, "items": items}
+                out = apiserver_lists.serve_list(store, rt, route.namespace or None, query)
+                if out.source == "etcd":
+                    handler.acct_verb = "list-etcd"
+                return 200, out.payload
             if method == "POST":
                 if not isinstance(body, dict):
                     raise bad_request("the request body must be a JSON object")
@@ -645,50 +676,52 @@ class ApiServer:
         def send(type_: str, obj: Obj) -> None:
             h.write_chunk(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
 
-        try:
+        hub = self.watch_hub
+        expired_at = None
+        initial: list[Obj] = []
+        backlog: list[HistoryEntry] = []
+        with store.condition:  # no write can happen between the subscription and the starting point
+            sub = hub.subscribe(rt.plural, apiserver_watch.index_of(query.get("fieldSelector")))
             if rv_param in ("", "0"):
                 # "Get State and Start at Most Recent": synthetic ADDED for what exists now.
-                with store.condition:
-                    items, cursor = store.list(rt, ns or None)
-                for o in items:
-                    if matches(o):
-                        send("ADDED", o)
+                items, cursor = store.list(rt, ns or None)
+                initial = [o for o in items if matches(o)]
             else:
                 cursor = int(rv_param)
                 if store.expired(cursor):
-                    err = ApiError(410, "Expired",
-                                   f"too old resource version: {cursor} ({store.oldest_rv()})")
-                    send("ERROR", err.status())
-                    h.write_chunk(b"")
-                    return
+                    expired_at = cursor
+                else:
+                    backlog = [e for e in store.entries_after(cursor) if e.plural == rt.plural]
+        try:
+            if expired_at is not None:
+                err = ApiError(410, "Expired",
+                               f"too old resource version: {expired_at} ({store.oldest_rv()})")
+                send("ERROR", err.status())
+                h.write_chunk(b"")
+                return
+            for o in initial:
+                send("ADDED", o)
             last_sent = time.monotonic()
+            pending = backlog
             while not self._stopping.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                with store.condition:
-                    entries = [e for e in store.entries_after(cursor) if e.plural == rt.plural]
-                    if not entries:
-                        newest = store.current_rv()
-                        if store.expired(cursor):
-                            entries = None  # fell out of the window while we were idle
-                        else:
-                            store.condition.wait(min(remaining, 0.5))
-                            entries = [e for e in store.entries_after(cursor) if e.plural == rt.plural]
-                            if not entries:
-                                cursor = max(cursor, newest)
-                if entries is None:
-                    err = ApiError(410, "Expired",
-                                   f"too old resource version: {cursor} ({store.oldest_rv()})")
-                    send("ERROR", err.status())
-                    break
-                for e in entries:
-                    out = _translate(e, matches)
+                if not pending:
+                    pending = sub.get(min(remaining, 0.5, self.bookmark_interval_s))
+                for e in pending:
+                    if e.rv <= cursor:
+                        continue
                     cursor = e.rv
+                    out = _translate(e, matches)
                     if out is not None:
                         send(*out)
                         last_sent = time.monotonic()
-                if (bookmarks and not entries and time.monotonic() - last_sent >= self.bookmark_interval_s):
+                pending = []
+                if bookmarks and time.monotonic() - last_sent >= self.bookmark_interval_s:
+                    with store.condition:  # nothing queued: every relevant write up to now was sent
+                        if sub.empty():
+                            cursor = max(cursor, store.current_rv())
                     send("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version,
                                       "metadata": {"resourceVersion": str(cursor)}})
                     last_sent = time.monotonic()
@@ -698,6 +731,8 @@ class ApiServer:
             h.write_chunk(b"")
         except OSError:
             h.close_connection = True
+        finally:
+            hub.unsubscribe(sub)
 
 
 def _translate(e: HistoryEntry, matches: Any) -> tuple[str, Obj] | None:

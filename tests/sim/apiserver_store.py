@@ -334,6 +334,7 @@ class Store:
     _history_rvs: list[int] = field(default_factory=list)
     _compacted_rv: int = 0  # watches resuming from an RV below this get 410 Expired
     _counts: dict[str, int] = field(default_factory=dict)  # objects per plural (cheap "any bindings?")
+    on_record: Callable[[HistoryEntry], None] | None = None
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:
@@ -353,7 +354,10 @@ class Store:
         return (rt.plural, ns if rt.namespaced else "", name)
 
     def _record(self, rt: ResourceType, type_: str, old: Obj | None, new: Obj) -> None:
-        self._history.append(HistoryEntry(self._rv, rt.plural, type_, old, new))
+        entry = HistoryEntry(self._rv, rt.plural, type_, old, new)
+        if self.on_record is not None:
+            self.on_record(entry)  # watch fan-out (apiserver_watch.py), under the store lock
+        self._history.append(entry)
         self._history_rvs.append(self._rv)
         if len(self._history) > self.history_limit:
             drop = len(self._history) - self.history_limit

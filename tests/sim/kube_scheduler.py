@@ -9,15 +9,22 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
   pod that asks for a managed resource is sent to ``POST <extender>/filter`` as ``ExtenderArgs``
   (``{"Pod": ..., "NodeNames": [...]}`` — Go field names, like kube-scheduler's JSON);
 * an empty answer makes the pod unschedulable: a ``FailedScheduling`` event
-  ``0/N nodes are available: <count> <reason>, ...`` and a retry with backoff (1 s doubling to 10 s,
-  kube-scheduler's pod backoff; configurable);
-* a node is then bound with ``POST <extender>/bind`` (``ExtenderBindingArgs``); an error answer is
-  reported as ``binding rejected: <error>`` (event ``FailedScheduling``) and the pod is retried;
+  ``0/N nodes are available: <count> <reason>, ...``, and the pod waits in the **unschedulable pool** of
+  the faithful scheduling queue (``kube_scheduler_queue.py``) until a cluster event moves it (a node
+  added or changed, an assigned pod deleted or finished) or 5 minutes pass; an error answer (or a
+  transport failure) sends it to backoffQ instead (1 s doubling to 10 s);
+* the binding cycle runs concurrently with the next scheduling cycles, as kube-scheduler's binding
+  goroutine: ``POST <extender>/bind`` (``ExtenderBindingArgs``); an error answer is reported as
+  ``binding rejected: <error>`` (event ``FailedScheduling``), the pod goes to backoffQ and every other
+  unschedulable pod is moved (the forgotten assumed pod freed its node);
 * a pod without managed resources is bound by the simulator itself (``pods/binding``) to the
-  candidate node with the fewest pods, without calling the extender (``IsInterested`` false).
+  candidate node with the fewest pods, without calling the extender (``IsInterested`` false);
+* without an extender (``extender_url=None``), pods asking for ``nvidia.com/gpu`` are placed on its
+  count (allocatable minus the requests of bound and assumed pods; least allocated first), rejected with
+  ``Insufficient nvidia.com/gpu`` by NodeResourcesFit otherwise.
 
-Gaps: no kube-scheduler plugins (resources, affinity, taints...), no preemption, no prioritize calls,
-no scheduling queue semantics beyond per-pod backoff.
+Gaps: no other kube-scheduler plugins (affinity, taints, volumes...), no preemption, no prioritize calls,
+no priorities in the queue (FIFO).
 
 Library: ``KubeSchedulerSim(client, extender_url).start()`` (a list of URLs: replicas behind a
 Service, each request to the next one, see ``ExtenderPool``); process:
@@ -27,10 +34,10 @@ Service, each request to the next one, see ``ExtenderPool``); process:
 from __future__ import annotations
 
 import argparse
-import heapq
 import http.client
 import json
 import logging
+import queue as queue_mod
 import signal
 import ssl
 import threading
@@ -38,6 +45,8 @@ import time
 from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.sim import kube_scheduler_queue as qu
 
 logger = logging.getLogger("tests.sim.kube_scheduler")
 
@@ -184,31 +193,98 @@ def _get(obj: dict, name: str) -> Any:
     return None
 
 
-class KubeSchedulerSim:
-    """SIMULATED kube-scheduler (see module docstring)."""
+def pod_key(pod: dict) -> str:
+    md = pod.get("metadata") or {}
+    return f"{md.get('namespace', 'default')}/{md.get('name')}"
 
-    def __init__(self, client: Any, extender_url: str | list[str], scheduler_name: str = "hami-scheduler", *,
-                 workers: int = 1, initial_backoff_s: float = 1.0, max_backoff_s: float = 10.0,
-                 http_timeout_s: float = 30.0, post_events: bool = True) -> None:
+
+def _spec_changed(old: dict, new: dict) -> bool:
+    """kube-scheduler's ``isPodUpdated``: anything but status, resourceVersion, generation, managedFields."""
+    def strip(p: dict) -> dict:
+        md = {k: v for k, v in (p.get("metadata") or {}).items()
+              if k not in ("resourceVersion", "generation", "managedFields")}
+        return {**{k: v for k, v in p.items() if k not in ("status", "metadata")}, "metadata": md}
+    return strip(old) != strip(new)
+
+
+def _conditions(node: dict) -> dict:
+    return {c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or []}
+
+
+def node_change(old: dict, new: dict) -> str | None:
+    """``NodeSchedulingPropertiesChange``: the event a node update raises, or None."""
+    o_spec, n_spec = old.get("spec") or {}, new.get("spec") or {}
+    if (o_spec.get("unschedulable") or False) != (n_spec.get("unschedulable") or False):
+        return qu.NODE_UPDATE
+    if (old.get("status") or {}).get("allocatable") != (new.get("status") or {}).get("allocatable"):
+        return qu.NODE_ALLOCATABLE
+    o_md, n_md = old.get("metadata") or {}, new.get("metadata") or {}
+    if (o_md.get("labels") or {}) != (n_md.get("labels") or {}):
+        return qu.NODE_UPDATE
+    if (o_spec.get("taints") or []) != (n_spec.get("taints") or []):
+        return qu.NODE_UPDATE
+    if _conditions(old) != _conditions(new):
+        return qu.NODE_UPDATE
+    if (o_md.get("annotations") or {}) != (n_md.get("annotations") or {}):
+        return qu.NODE_UPDATE  # since v1.28 (kubernetes PR #118389)
+    return None
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def pod_requests(pod: dict, resource: str) -> int:
+    """Effective request of ``resource`` (max of any init container, sum of the app containers)."""
+    spec = pod.get("spec") or {}
+
+    def req(c: dict) -> int:
+        res = c.get("resources") or {}
+        limit = (res.get("limits") or {}).get(resource, 0)
+        return _quantity((res.get("requests") or {}).get(resource, limit))
+
+    init = max((req(c) for c in spec.get("initContainers") or []), default=0)
+    return max(init, sum(req(c) for c in spec.get("containers") or []))
+
+
+class KubeSchedulerSim:
+    """SIMULATED kube-scheduler (see module docstring). ``extender_url=None`` runs it without an extender:
+    pods are placed on the count of ``nvidia.com/gpu`` (allocatable minus what bound and assumed pods
+    request), the way kube-scheduler's NodeResourcesFit treats an extended resource."""
+
+    def __init__(self, client: Any, extender_url: str | list[str] | None,
+                 scheduler_name: str = "hami-scheduler", *, workers: int = 1, initial_backoff_s: float = 1.0,
+                 max_backoff_s: float = 10.0, max_in_unschedulable_s: float = 300.0,
+                 unschedulable_flush_s: float = 30.0, backoff_flush_s: float | None = None,
+                 http_timeout_s: float = 30.0, post_events: bool = True, max_binding: int = 256,
+                 count_resource: str = "nvidia.com/gpu") -> None:
         self.client = client
         self.extender_url = extender_url
         self.scheduler_name = scheduler_name
-        self.workers = workers
-        self.initial_backoff_s = initial_backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.workers = workers  # kube-scheduler runs one scheduling cycle at a time; >1 is a test knob
         self.http_timeout_s = http_timeout_s
         self.post_events = post_events
-        self._heap: list[tuple[float, int, str]] = []  # (due, seq, "ns/name"): per-pod backoff
-        self._seq = 0
-        self._cond = threading.Condition()
-        self._queued: set[str] = set()
-        self._attempts: dict[str, int] = {}
+        self.count_resource = count_resource
+        if backoff_flush_s is None:  # 1 s as kube-scheduler; tests that shrink the backoff shrink it too
+            backoff_flush_s = min(1.0, initial_backoff_s)
+        self.queue = qu.SchedulingQueue(initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s,
+                                        max_in_unschedulable_s=max_in_unschedulable_s,
+                                        unschedulable_flush_s=unschedulable_flush_s,
+                                        backoff_flush_s=backoff_flush_s)
+        # binding cycles run concurrently (kube-scheduler starts one goroutine per pod); bounded here
+        self._binding = threading.BoundedSemaphore(max_binding)
+        self._clients: queue_mod.LifoQueue = queue_mod.LifoQueue()  # idle extender connections
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._assumed: dict[str, tuple[str, int]] = {}  # key -> (node, count request) while binding
         self.pod_informer: Any = None
         self.node_informer: Any = None
         self.bound: dict[str, str] = {}  # "ns/name" -> node
+        self.bound_at: dict[str, float] = {}  # "ns/name" -> monotonic time the binding succeeded
         self.failures: list[tuple[str, str]] = []  # ("ns/name", message)
         self.filter_calls = 0
         self.bind_calls = 0
@@ -217,14 +293,19 @@ class KubeSchedulerSim:
     def start(self) -> KubeSchedulerSim:
         from hami_agent.k8s.informer import Informer
 
-        self.node_informer = Informer(self.client, kind="nodes")
-        self.pod_informer = Informer(self.client, kind="pods")
-        self.pod_informer.add_handler(on_add=self._maybe_enqueue,
-                                      on_update=lambda _o, p: self._maybe_enqueue(p))
+        self.node_informer = Informer(self.client, kind="nodes", resync_s=0)
+        # kube-scheduler's pod informer leaves out finished pods: one turning Succeeded/Failed is a delete
+        self.pod_informer = Informer(self.client, kind="pods", resync_s=0,
+                                     field_selector="status.phase!=Succeeded,status.phase!=Failed")
+        self.node_informer.add_handler(on_add=lambda _n: self.queue.move_all(qu.NODE_ADD),
+                                       on_update=self._on_node_update)
+        self.pod_informer.add_handler(on_add=self._on_pod_add, on_update=self._on_pod_update,
+                                      on_delete=self._on_pod_delete)
         self.node_informer.start()
         self.pod_informer.start()
         self.node_informer.wait_synced(10)
         self.pod_informer.wait_synced(10)
+        self.queue.run()
         for i in range(self.workers):
             t = threading.Thread(target=self._worker, name=f"kube-scheduler-sim-{i}", daemon=True)
             t.start()
@@ -235,13 +316,14 @@ class KubeSchedulerSim:
 
     def stop(self) -> None:
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self.queue.close()
         for t in self._threads:
             t.join(5)
         for inf in (self.pod_informer, self.node_informer):
             if inf is not None:
                 inf.stop()
+        while not self._clients.empty():
+            self._clients.get_nowait().close()
 
     def __enter__(self) -> KubeSchedulerSim:
         return self.start()
@@ -249,120 +331,185 @@ class KubeSchedulerSim:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # --------------------------------------------------------------------------------- queueing
+    # ------------------------------------------------------------------------------- informer events
     def _pending(self, pod: dict) -> bool:
         spec = pod.get("spec") or {}
         phase = (pod.get("status") or {}).get("phase", "Pending")
         return (spec.get("schedulerName") == self.scheduler_name and not spec.get("nodeName")
                 and phase == "Pending" and not (pod.get("metadata") or {}).get("deletionTimestamp"))
 
-    def _maybe_enqueue(self, pod: dict, delay_s: float = 0.0) -> None:
-        if not self._pending(pod):
-            return
-        md = pod["metadata"]
-        key = f"{md.get('namespace')}/{md.get('name')}"
-        with self._lock:
-            if key in self._queued:
-                return
-            self._queued.add(key)
-        with self._cond:
-            self._seq += 1
-            heapq.heappush(self._heap, (time.monotonic() + delay_s, self._seq, key))
-            self._cond.notify()
+    def _on_pod_add(self, pod: dict) -> None:
+        if self._pending(pod):
+            self.queue.add(pod_key(pod), pod)
 
-    def _next(self) -> str | None:
-        with self._cond:
-            while not self._stop.is_set():
-                if self._heap:
-                    wait = self._heap[0][0] - time.monotonic()
-                    if wait <= 0:
-                        return heapq.heappop(self._heap)[2]
-                    self._cond.wait(wait)
-                else:
-                    self._cond.wait(0.5)
-            return None
+    def _on_pod_update(self, old: dict, new: dict) -> None:
+        key = pod_key(new)
+        if (new.get("spec") or {}).get("nodeName"):
+            if not (old.get("spec") or {}).get("nodeName"):
+                self.queue.delete(key)  # bound (by us, or by someone else)
+            return  # assigned-pod updates move only pods with affinity terms: none modelled
+        if self._pending(new):
+            self.queue.update(key, new, _spec_changed(old, new))
+        else:
+            self.queue.delete(key)
+
+    def _on_pod_delete(self, pod: dict) -> None:
+        if (pod.get("spec") or {}).get("nodeName"):
+            self.queue.move_all(qu.ASSIGNED_POD_DELETE)
+        else:
+            self.queue.delete(pod_key(pod))
+
+    def _on_node_update(self, old: dict, new: dict) -> None:
+        event = node_change(old, new)
+        if event is not None:
+            self.queue.move_all(event)
+
+    # --------------------------------------------------------------------------------- scheduling
+    def _extender(self) -> Any:
+        try:
+            return self._clients.get_nowait()
+        except queue_mod.Empty:
+            urls = self.extender_url
+            return (ExtenderPool(urls, self.http_timeout_s) if isinstance(urls, list)
+                    else ExtenderClient(str(urls), self.http_timeout_s))
 
     def _worker(self) -> None:
-        urls = self.extender_url
-        ext: Any = (ExtenderPool(urls, self.http_timeout_s) if isinstance(urls, list)
-                    else ExtenderClient(urls, self.http_timeout_s))
-        try:
-            while not self._stop.is_set():
-                key = self._next()
-                if key is None:
-                    return
-                with self._lock:
-                    self._queued.discard(key)
-                ns, name = key.split("/", 1)
-                pod = self.pod_informer.get(ns, name)
-                if pod is None or not self._pending(pod):
-                    continue
-                try:
-                    ok = self.schedule_one(pod, ext)
-                except Exception as exc:  # an extender/API failure: kube-scheduler retries with backoff
-                    logger.warning("Error scheduling pod %s: %s", key, exc)
-                    self._record_failure(pod, f"{exc}")
-                    ok = False
-                if ok:
-                    with self._lock:
-                        self._attempts.pop(key, None)
-                else:
-                    self._requeue(pod, key)
-        finally:
-            ext.close()
+        while not self._stop.is_set():
+            qp = self.queue.pop(timeout=0.5)
+            if qp is None:
+                continue
+            ns, name = qp.key.split("/", 1)
+            pod = self.pod_informer.get(ns, name) or qp.pod
+            if not self._pending(pod):
+                self.queue.done(qp)
+                continue
+            try:
+                self.schedule_one(pod, qp)
+            except Exception as exc:  # an extender/API failure: kube-scheduler retries after backoff
+                logger.warning("Error scheduling pod %s: %s", qp.key, exc)
+                self._record_failure(pod, f"{exc}")
+                self.queue.failed(qp)
 
-    def _requeue(self, pod: dict, key: str) -> None:
-        with self._lock:
-            n = self._attempts.get(key, 0)
-            self._attempts[key] = n + 1
-        delay = min(self.initial_backoff_s * (2 ** n), self.max_backoff_s)
-        fresh = self.pod_informer.get(*key.split("/", 1)) or pod
-        self._maybe_enqueue(fresh, delay)
-
-    # ------------------------------------------------------------------------------- scheduling
     def candidate_nodes(self) -> list[str]:
         return sorted(n["metadata"]["name"] for n in self.node_informer.list() if node_ready(n))
 
-    def schedule_one(self, pod: dict, ext: ExtenderClient | ExtenderPool) -> bool:
+    def _count_used(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for p in self.pod_informer.list():
+            node = (p.get("spec") or {}).get("nodeName")
+            if node:
+                used[node] = used.get(node, 0) + pod_requests(p, self.count_resource)
+        with self._lock:
+            for key, (node, n) in self._assumed.items():
+                if key not in self.bound:
+                    used[node] = used.get(node, 0) + n
+        return used
+
+    def _fit_counts(self, pod: dict, names: list[str]) -> tuple[str | None, dict[str, str]]:
+        """NodeResourcesFit on the extended resource's count; the least allocated node wins."""
+        want = pod_requests(pod, self.count_resource)
+        used = self._count_used()
+        nodes = {n["metadata"]["name"]: n for n in self.node_informer.list()}
+        fits, failed = [], {}
+        for name in names:
+            alloc = _quantity(((nodes.get(name) or {}).get("status") or {}).get("allocatable", {}).get(
+                self.count_resource, 0))
+            if alloc - used.get(name, 0) >= want:
+                fits.append((used.get(name, 0), name))
+            else:
+                failed[name] = f"Insufficient {self.count_resource}"
+        return (min(fits)[1] if fits else None), failed
+
+    def schedule_one(self, pod: dict, qp: qu.QueuedPod | None = None) -> bool:
+        """One scheduling cycle; the binding cycle runs on its own thread. False when the cycle failed."""
         md = pod["metadata"]
-        ns, name = md.get("namespace", "default"), md["name"]
         names = self.candidate_nodes()
         if not names:
             self._record_failure(pod, "0/0 nodes are available: no nodes available to schedule pods.")
+            if qp is not None:
+                self.queue.failed(qp)
             return False
-        if not wants_extender(pod):
+        use_extender = self.extender_url is not None and wants_extender(pod)
+        if use_extender:
+            ext = self._extender()
+            try:
+                self.filter_calls += 1
+                result = ext.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+            finally:
+                self._clients.put(ext)
+            err = _get(result, "Error")
+            if err:
+                self._record_failure(pod, err)
+                if qp is not None:
+                    self.queue.failed(qp)  # an error: no rejector, backoffQ
+                return False
+            chosen = _get(result, "NodeNames") or []
+            if not chosen:
+                failed = dict(_get(result, "FailedNodes") or {})
+                failed.update(_get(result, "FailedAndUnresolvableNodes") or {})
+                self._record_failure(pod, fit_error_message(len(names), failed))
+                if qp is not None:
+                    self.queue.failed(qp, frozenset({qu.EXTENDER}))
+                return False
+            node = chosen[0]  # with one extender and no scorers, the single node it returns wins
+        elif wants_extender(pod, (self.count_resource,)):
+            node, failed = self._fit_counts(pod, names)
+            if node is None:
+                self._record_failure(pod, fit_error_message(len(names), failed))
+                if qp is not None:
+                    self.queue.failed(qp, frozenset({qu.NODE_RESOURCES_FIT}))
+                return False
+        else:
             counts = Counter((p.get("spec") or {}).get("nodeName") for p in self.pod_informer.list())
             node = min(names, key=lambda n: (counts.get(n, 0), n))
-            self.client.bind_pod(ns, name, node, uid=md.get("uid"))
-            self._bound(pod, node)
-            return True
-        self.filter_calls += 1
-        result = ext.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
-        err = _get(result, "Error")
-        if err:
-            self._record_failure(pod, err)
-            return False
-        chosen = _get(result, "NodeNames") or []
-        if not chosen:
-            failed = dict(_get(result, "FailedNodes") or {})
-            failed.update(_get(result, "FailedAndUnresolvableNodes") or {})
-            self._record_failure(pod, fit_error_message(len(names), failed))
-            return False
-        node = chosen[0]  # with one extender and no scorers, the single node it returns wins
-        self.bind_calls += 1
-        res = ext.post("bind", {"PodName": name, "PodNamespace": ns, "PodUID": md.get("uid", ""),
-                                "Node": node})
-        err = _get(res, "Error")
-        if err:
-            self._record_failure(pod, f"binding rejected: {err}")
-            return False
-        self._bound(pod, node)
+        key = pod_key(pod)
+        with self._lock:
+            self._assumed[key] = (node, pod_requests(pod, self.count_resource))
+        self._binding.acquire()
+        threading.Thread(target=self._binding_cycle, args=(pod, node, qp, use_extender),
+                         name=f"bind-{md['name']}", daemon=True).start()
         return True
+
+    def _binding_cycle(self, pod: dict, node: str, qp: qu.QueuedPod | None, use_extender: bool) -> None:
+        md = pod["metadata"]
+        ns, name, key = md.get("namespace", "default"), md["name"], pod_key(pod)
+        try:
+            if use_extender:
+                ext = self._extender()
+                try:
+                    self.bind_calls += 1
+                    res = ext.post("bind", {"PodName": name, "PodNamespace": ns, "PodUID": md.get("uid", ""),
+                                            "Node": node})
+                finally:
+                    self._clients.put(ext)
+                err = _get(res, "Error")
+                if err:
+                    raise RuntimeError(f"binding rejected: {err}")
+            else:
+                self.client.bind_pod(ns, name, node, uid=md.get("uid"))
+        except Exception as exc:
+            with self._lock:
+                self._assumed.pop(key, None)
+            self._record_failure(pod, str(exc) if str(exc).startswith("binding rejected") else
+                                 f"binding rejected: {exc}")
+            if qp is not None:
+                self.queue.failed(qp)
+            # the forgotten assumed pod frees its node: everything else may fit now (handleBindingCycleError)
+            self.queue.move_all(qu.ASSIGNED_POD_DELETE, skip=key)
+            return
+        finally:
+            self._binding.release()
+        self._bound(pod, node)
+        with self._lock:
+            self._assumed.pop(key, None)
+        if qp is not None:
+            self.queue.done(qp)
 
     def _bound(self, pod: dict, node: str) -> None:
         md = pod["metadata"]
         with self._lock:
             self.bound[f"{md.get('namespace')}/{md['name']}"] = node
+            self.bound_at[f"{md.get('namespace')}/{md['name']}"] = time.monotonic()
         logger.info("Successfully bound pod to node pod=%s/%s node=%s", md.get("namespace"), md["name"], node)
         if self.post_events:
             self._event(pod, "Normal", "Scheduled",
@@ -373,6 +520,7 @@ class KubeSchedulerSim:
         key = f"{md.get('namespace')}/{md['name']}"
         with self._lock:
             self.failures.append((key, message))
+            del self.failures[:-10000]
         logger.info("Unable to schedule pod; waiting pod=%s err=%s", key, message)
         if self.post_events:
             self._event(pod, "Warning", "FailedScheduling", message)
@@ -385,14 +533,14 @@ class KubeSchedulerSim:
             logger.warning("event %s for %s failed: %s", reason, pod["metadata"].get("name"), exc)
 
     def wait_idle(self, timeout_s: float, expect_bound: int | None = None) -> bool:
-        """Wait until ``expect_bound`` pods are bound (or the queue drained)."""
+        """Wait until ``expect_bound`` pods are bound (or, without it, until the queue is empty)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
                 n = len(self.bound)
             if expect_bound is not None and n >= expect_bound:
                 return True
-            if expect_bound is None and not self._heap:
+            if expect_bound is None and self.queue.empty():
                 return True
             time.sleep(0.05)
         return False
@@ -407,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--initial-backoff", type=float, default=1.0)
     p.add_argument("--max-backoff", type=float, default=10.0)
+    p.add_argument("--max-in-unschedulable", type=float, default=300.0,
+                   help="podMaxInUnschedulablePodsDuration in seconds (default 300)")
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=0)
     args = p.parse_args(argv)
     from hami_agent import log
@@ -417,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tests").setLevel(logging.INFO)
     client = KubeClient.from_kubeconfig(args.kubeconfig)
     sim = KubeSchedulerSim(client, args.extender, args.scheduler_name, workers=args.workers,
-                           initial_backoff_s=args.initial_backoff, max_backoff_s=args.max_backoff)
+                           initial_backoff_s=args.initial_backoff, max_backoff_s=args.max_backoff,
+                           max_in_unschedulable_s=args.max_in_unschedulable)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -136,6 +136,21 @@ def run(args: argparse.Namespace) -> int:
     return _serve(args, cfg, settings)
 
 
+def build_clients(args: argparse.Namespace, api_timeout_s: float,
+                  background_timeout_s: float) -> tuple[Any, Any]:
+    """The plugin's two API clients over one connection pool: the background one (register loop,
+    watches, relists) has client-go's default client-side rate limit (QPS 5, burst 10); the one for
+    Allocate's reads and writes and the lock release right after it has a single attempt, the RPC's
+    timeout and no rate limiter: the kubelet admits one pod at a time, which bounds those requests, and
+    a throttled Allocate would hold the node lock, and every pod queued behind it, for nothing."""
+    from hami_agent.k8s.client import KubeClient
+    from hami_agent.k8s.ratelimit import DEFAULT_BURST, DEFAULT_QPS
+
+    client = KubeClient.from_kubeconfig(args.kubeconfig, timeout_s=background_timeout_s,
+                                        component="device-plugin", qps=DEFAULT_QPS, burst=DEFAULT_BURST)
+    return client, client.with_options(timeout_s=api_timeout_s, attempts=1, limiter=None)
+
+
 def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
     from hami_agent.deviceplugin.httpserver import OpsServer
     from hami_agent.deviceplugin.manager import DevicePluginManager
@@ -153,15 +168,13 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
     if args.standalone:
         pods: Any = MemoryPodSource(settings.node_name)
     else:
-        from hami_agent.k8s.client import KubeClient
         from hami_agent.k8s.informer import Informer
 
         try:
-            client = KubeClient.from_kubeconfig(args.kubeconfig, timeout_s=agent.api_timeout_s)
+            client, fast = build_clients(args, settings.api_timeout_s, agent.api_timeout_s)
         except Exception as exc:
             logger.error("cannot load kubeconfig: %s", exc)
             return 1
-        fast = client.with_options(timeout_s=settings.api_timeout_s, attempts=1)
         pod_inf = Informer(client, "pods", field_selector=f"spec.nodeName={settings.node_name}")
         node_inf = Informer(client, "nodes", field_selector=f"metadata.name={settings.node_name}")
         informers = [pod_inf.start(), node_inf.start()]
@@ -204,8 +217,11 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         from hami_agent.deviceplugin.register import NodeRegistrar
 
         # The annotation must advertise the mode this plugin actually serves (dynamic MIG is not served).
+        # The node is read from the node watch (no GET every 30 s); a change by someone else wakes the loop.
         registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg,
-                                  mode=settings.mode, mig_lock=manager.mig_lock)  # the plugin's lock and rule
+                                  mode=settings.mode, mig_lock=manager.mig_lock,  # the plugin's lock and rule
+                                  node_source=lambda: node_inf.get(None, settings.node_name))
+        node_inf.add_handler(on_add=registrar.node_changed, on_update=lambda _o, n: registrar.node_changed(n))
         registrar_thread = registrar.start(stop)
 
     def on_term(signum: int, _frame: Any) -> None:

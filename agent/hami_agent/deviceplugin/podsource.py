@@ -4,14 +4,15 @@
 and node informer caches of ``hami_agent.k8s`` and makes single-attempt API calls; ``MemoryPodSource``
 keeps pods in a dict (unit tests, benchmarks, ``--standalone``). Every API call takes its timeout from
 the caller (the RPC's remaining budget, or the background writer's own), and none sleeps or retries:
-retries belong to the background writer (``latewriter.py``), never to the kubelet's RPC path.
+retries belong to the background writer (``latewriter.py``), never to the kubelet's RPC path; the
+client given to ``K8sPodSource`` has no client-side rate limiter (``with_options(limiter=None)``).
 
 Writes are conditional, so that a pod deleted and re-created under the same name, or changed since it
 was read, is never written: pod patches are JSON patches (RFC 6902) whose ``test`` operations pin the
 pod's ``metadata.uid`` and the annotation values the write was computed from (the API server answers
 422 when a test fails and applies nothing: ``jsonPatcher.applyJSPatch`` in kubernetes
 ``staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go``); the node lock is removed only if it
-still holds the exact value that was read, with the node's ``resourceVersion`` as precondition.
+still holds the exact value that was read, by a JSON patch that tests that value.
 """
 
 from __future__ import annotations
@@ -222,18 +223,17 @@ class K8sPodSource:
             raise _error("patch pod error", exc) from exc
 
     def release_lock_if(self, value: str, timeout_s: float) -> bool:
+        """One request: a JSON patch that tests the lock's exact value and removes it (the API server
+        applies both or nothing; 422 when the lock is gone or is another value). No GET first: the lock
+        is released one round trip sooner, which is how long the next pod's /bind waits for it."""
+        pointer = json_pointer("metadata", "annotations", keys.NODE_LOCK)
+        ops = [{"op": "test", "path": pointer, "value": value}, {"op": "remove", "path": pointer}]
         try:
-            node = self.get_node(timeout_s)
-        except PodChanged:  # 404: the node is gone, and its lock with it
-            return False
-        if _annotations(node).get(keys.NODE_LOCK) != value:
-            return False
-        rv = str((node.get("metadata") or {}).get("resourceVersion", ""))
-        patch = {"metadata": {"annotations": {keys.NODE_LOCK: None}, "resourceVersion": rv}}
-        try:
-            self.client.patch("nodes", self.node_name, patch, timeout_s=timeout_s)
+            self.client.patch("nodes", self.node_name, ops, content_type=JSON_PATCH, timeout_s=timeout_s)
         except Exception as exc:
-            # 409: the node changed since the GET; the caller retries (and re-reads the lock)
+            status = getattr(exc, "status", 0)
+            if status in (404, 422):  # node gone, or the lock is not (any more) this value
+                return False
             raise PodSourceError(f"release node lock error: {exc}",
-                                 unknown=getattr(exc, "status", 0) in (0, None)) from exc
+                                 unknown=status in (0, None) or status >= 500) from exc
         return True

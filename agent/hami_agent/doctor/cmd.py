@@ -119,7 +119,8 @@ def _client(args: argparse.Namespace, ctx) -> None:
 
     try:
         ctx.client = KubeClient.from_kubeconfig(getattr(args, "kubeconfig", None), timeout_s=args.api_timeout,
-                                                retry=RetryPolicy(attempts=2, base_s=0.2, cap_s=1.0))
+                                                retry=RetryPolicy(attempts=2, base_s=0.2, cap_s=1.0),
+                                                component="doctor")
     except KubeConfigError as exc:
         ctx.kube_error = str(exc)
 

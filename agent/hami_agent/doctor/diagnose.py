@@ -158,10 +158,14 @@ def diagnose_cluster(ctx: Context, local_node: str | None = None, max_pods: int 
     box: dict[str, list] = {}
 
     def list_all(c: Context, f: Facts) -> None:
-        box["nodes"] = c.client.list_nodes()
-        box["pods"] = c.client.list_pods(field_selector="status.phase=Pending")
+        view = kube.list_cluster(c.client)  # three paginated lists, whatever the cluster's size
+        box["view"] = [view]
+        box["nodes"] = list(view.nodes.values())
+        box["pods"] = view.pending_pods()
 
     _run([("cluster_list", list_all, None)], ctx, facts, report)
+    if box.get("view"):
+        ctx = _sub_context(ctx, view=box["view"][0])
     if ctx.scheduler_url:
         _run([("scheduler_endpoint", endpoints.collect_scheduler_endpoint, ctx.http_timeout_s * 2 + 5)],
              ctx, facts, report)

@@ -252,7 +252,29 @@ class HttpServer:
             resp = fut.result()
         except BaseException:  # cancelled at shutdown
             return
+        if isinstance(resp, Future):
+            # a deferred response (the extender's /bind waiting for a node lock): the handler thread is
+            # free again; the handler bounds how many such answers are pending and for how long
+            resp.add_done_callback(lambda f: self._hand_back_deferred(conn, f))
+            return
         conn.respond(resp)
+
+    def _hand_back_deferred(self, conn: _Connection, fut: Future) -> None:
+        with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+            self._loop.call_soon_threadsafe(self._deferred_done, conn, fut)
+
+    def _deferred_done(self, conn: _Connection, fut: Future) -> None:
+        exc = fut.exception()
+        if exc is None:
+            conn.respond(fut.result())
+        elif isinstance(exc, HTTPError):
+            conn.respond(Response.error(exc.status, exc.message, exc.headers))
+        else:
+            self.stats.errors += 1
+            err_id = secrets.token_hex(6)
+            logger.error("%s deferred response failed (error id %s): %r", self.name, err_id, exc)
+            conn.respond(Response.error(500, f"internal error (error id {err_id}; details in the server "
+                                             "log)"))
 
     def _call(self, route: Route, req: Request) -> Response:
         """Run a handler; every outcome is a Response (the connection always gets an answer)."""

@@ -11,6 +11,7 @@ from hami_agent.k8s.errors import (
     KubeError,
     KubeTimeoutError,
     NotFoundError,
+    ThrottledError,
 )
 from hami_agent.k8s.informer import Informer
 from hami_agent.k8s.leader import LeaderElector
@@ -28,6 +29,7 @@ __all__ = [
     "NodeLockError",
     "NotFoundError",
     "RetryPolicy",
+    "ThrottledError",
     "WatchStream",
     "lock_node",
     "release_node_lock",

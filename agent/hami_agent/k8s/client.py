@@ -8,6 +8,10 @@ which is both what the rest of the agent uses and several times faster than mode
 Every call has a (connect, read) timeout. Transient failures (no response, 429, 5xx) are retried with
 exponential backoff and jitter; 4xx are not retried. Calls that create something (POST) are retried only
 when the request cannot have been processed: connection refused / connect timeout, 429, 503.
+
+Lists are paginated like client-go's pager (``tools/pager/pager.go``: ``limit`` 500, ``continue`` until
+done, a full list when a continue token expired); an optional client-side rate limit (``ratelimit``)
+throttles every request of a client, never those of a view made with ``with_options(limiter=None)``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import datetime
 import json
 import logging
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterator
@@ -32,8 +37,10 @@ from hami_agent.k8s.errors import (
     KubeError,
     KubeTimeoutError,
     NotFoundError,
+    ThrottledError,
     error_for,
 )
+from hami_agent.k8s.ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +49,11 @@ Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path, not a secret)
+PAGE_SIZE = 500  # client-go pager's defaultPageSize
+# client-go logs a throttled request at V(3) beyond 50 ms and always beyond 1 s (rest/request.go)
+LONG_THROTTLE_S = 0.05
+EXTRA_LONG_THROTTLE_S = 1.0
+_KEEP = object()  # with_options: keep the limiter of the client the view is made from
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,20 @@ def _transport_error(exc: Exception, verb: str, kind: str, name: str, timeout_s:
     return KubeError(0, "connection error", f"{type(exc).__name__}: {exc}", verb, kind, name)
 
 
+def user_agent(component: str | None = None) -> str:
+    """``hami-agent/<version> (<os>/<arch>) <component>``, client-go's layout
+    (``rest.DefaultKubernetesUserAgent``): API server metrics and audit logs tell components apart by it."""
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine() or "unknown")
+    ua = f"hami-agent/{__version__} ({platform.system().lower() or 'linux'}/{arch})"
+    return f"{ua} {component}" if component else ua
+
+
+def too_large_rv(e: KubeError) -> bool:
+    """The API server's "Too large resource version" (504 Timeout, cause ResourceVersionTooLarge): a
+    list at a resourceVersion its cache has not reached yet."""
+    return e.status == 504 and "too large resource version" in (e.message or "").lower()
+
+
 def _not_processed(e: KubeError) -> bool:
     """True when the server cannot have acted on the request, so even a POST may be retried."""
     return e.status in (429, 503) or (e.status == 0 and e.reason in ("connection refused", "connect timeout"))
@@ -129,10 +155,12 @@ def _not_processed(e: KubeError) -> bool:
 class KubeClient:
     """Dicts in, dicts out. Thread-safe (the urllib3 pool is); create one per process and share it."""
 
-    def __init__(self, api_client: Any, timeout_s: float = 10.0, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, api_client: Any, timeout_s: float = 10.0, retry: RetryPolicy | None = None,
+                 limiter: RateLimiter | None = None) -> None:
         self._api = api_client
         self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
+        self.limiter = limiter
         self._event_lock = threading.Lock()
         self._event_names: collections.OrderedDict[tuple[str, ...], tuple[str, float, int]] = (
             collections.OrderedDict())
@@ -140,8 +168,11 @@ class KubeClient:
     # -- construction
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, timeout_s: float = 10.0,
-                        retry: RetryPolicy | None = None) -> KubeClient:
-        """``path`` (``--kubeconfig``), else in-cluster, else ``$KUBECONFIG``, else ``~/.kube/config``."""
+                        retry: RetryPolicy | None = None, *, component: str | None = None,
+                        qps: float | None = None, burst: int | None = None) -> KubeClient:
+        """``path`` (``--kubeconfig``), else in-cluster, else ``$KUBECONFIG``, else ``~/.kube/config``.
+        ``component`` goes into the User-Agent; ``qps``/``burst``: a client-side rate limit of every
+        request (none when ``qps`` is None; ``burst`` defaults to twice ``qps``, at least 1)."""
         from kubernetes import client as kclient
         from kubernetes import config as kconfig
 
@@ -175,19 +206,27 @@ class KubeClient:
         cfg.retries = False
         cfg.connection_pool_maxsize = 16
         api = kclient.ApiClient(cfg)
-        api.user_agent = f"hami-agent/{__version__}"
+        api.user_agent = user_agent(component)
         log.v(logger, 4, "kubernetes API %s (credentials: %s)", cfg.host, source)
-        return cls(api, timeout_s=timeout_s, retry=retry)
+        limiter = None
+        if qps is not None:
+            limiter = RateLimiter(qps, burst if burst is not None else max(1, int(2 * qps)))
+        return cls(api, timeout_s=timeout_s, retry=retry, limiter=limiter)
 
-    def with_options(self, timeout_s: float | None = None, attempts: int | None = None) -> KubeClient:
+    def with_options(self, timeout_s: float | None = None, attempts: int | None = None,
+                     limiter: Any = _KEEP) -> KubeClient:
         """A view sharing the connection pool with a different timeout / retry budget (e.g. for the
-        kubelet's Allocate path, where a bounded answer matters more than persistence)."""
+        kubelet's Allocate path, where a bounded answer matters more than persistence). ``limiter``:
+        another rate limiter for the view, or None for a view that is never throttled (request paths
+        with their own bound: the kubelet admits one pod at a time, kube-scheduler waits for each call)."""
         other = KubeClient.__new__(KubeClient)
         other.__dict__.update(self.__dict__)
         if timeout_s is not None:
             other.timeout_s = timeout_s
         if attempts is not None:
             other.retry = replace(self.retry, attempts=max(1, attempts))
+        if limiter is not _KEEP:
+            other.limiter = limiter
         return other
 
     @property
@@ -214,9 +253,31 @@ class KubeClient:
         t = timeout_s if timeout_s is not None else self.timeout_s
         return (min(t, 5.0), t)
 
+    def _throttle(self, method: str, path: str, verb: str, kind: str, name: str, deadline_s: float) -> None:
+        """Wait for the rate limiter's token (client-go ``tryThrottle``); a wait beyond the call's own
+        timeout fails the call instead of sleeping past it."""
+        limiter = self.limiter
+        if limiter is None:
+            return
+        wait = limiter.reserve(deadline_s)
+        if wait is None:
+            raise ThrottledError(0, "client-side throttling",
+                                   f"the client's rate limit (QPS {limiter.qps:g}, burst {limiter.burst}) "
+                                   f"would delay the request beyond its {deadline_s:g}s timeout",
+                                   verb, kind, name)
+        if wait > 0:
+            msg = (f"Waited for {wait:.3f}s due to client-side throttling, not priority and fairness, "
+                   f"request: {method}:{path}")
+            if wait > EXTRA_LONG_THROTTLE_S:
+                logger.info("%s", msg)
+            elif wait > LONG_THROTTLE_S:
+                log.v(logger, 3, "%s", msg)
+            time.sleep(wait)
+
     def _once(self, method: str, path: str, query: dict[str, str] | None, body: Any, *,
               content_type: str | None, verb: str, kind: str, name: str, timeout_s: float | None) -> Obj:
         timeout = self._timeouts(timeout_s)
+        self._throttle(method, path, verb, kind, name, timeout[1])
         try:
             resp = self._send(method, path, query, body, content_type=content_type, timeout=timeout)
             data = resp.read()
@@ -261,17 +322,55 @@ class KubeClient:
                          name=_display(namespace, name, info), timeout_s=timeout_s)
 
     def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None,
-             field_selector: str | None = None, timeout_s: float | None = None) -> tuple[list[Obj], str]:
-        """Items and the list's resourceVersion (the point a watch continues from)."""
+             field_selector: str | None = None, timeout_s: float | None = None, *,
+             resource_version: str | None = None, page_size: int | None = PAGE_SIZE) -> tuple[list[Obj], str]:
+        """Items and the list's resourceVersion (the point a watch continues from).
+
+        Paginated like client-go's pager: ``limit=page_size`` and ``continue`` until the last page (the
+        resourceVersion is the first page's; later pages are read at that same revision). A continue
+        token that expired meanwhile (410) falls back to one full list, as the pager's
+        ``FullListIfExpired``. ``resource_version``: None or "" = the newest data (a consistent read);
+        "0" = any data the API server's watch cache holds (cheap: no etcd read; the cache ignores
+        ``limit``); "N" = data at least as new as N. ``page_size=None``: one request, no ``limit``."""
         info = kind_info(kind)
-        query = {}
+        query: dict[str, str] = {}
         if label_selector:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
-        out = self.call("GET", api_path(kind, namespace), verb="list", kind=info.plural,
-                        name=namespace or "", query=query, timeout_s=timeout_s)
-        return list(out.get("items") or []), str((out.get("metadata") or {}).get("resourceVersion", ""))
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        if page_size:
+            query["limit"] = str(int(page_size))
+        path = api_path(kind, namespace)
+        items: list[Obj] = []
+        list_rv: str | None = None
+        page = dict(query)
+        while True:
+            try:
+                out = self.call("GET", path, verb="list", kind=info.plural, name=namespace or "", query=page,
+                                timeout_s=timeout_s)
+            except ExpiredError:
+                if "continue" not in page:
+                    raise
+                # the revision of the first page was compacted away while we paged: one full list
+                log.v(logger, 3, "list of %s: continue token expired after %d items; listing in full",
+                      info.plural, len(items))
+                full = {k: v for k, v in query.items() if k != "limit"}
+                out = self.call("GET", path, verb="list", kind=info.plural, name=namespace or "", query=full,
+                                timeout_s=timeout_s)
+                rv = str((out.get("metadata") or {}).get("resourceVersion", ""))
+                return list(out.get("items") or []), rv
+            meta = out.get("metadata") or {}
+            if list_rv is None:
+                list_rv = str(meta.get("resourceVersion", ""))
+            items.extend(out.get("items") or [])
+            token = meta.get("continue")
+            if not token:
+                return items, list_rv
+            # later pages: the token carries the revision; a resourceVersion next to it is refused
+            page = {k: v for k, v in query.items() if k != "resourceVersion"}
+            page["continue"] = str(token)
 
     def create(self, kind: str, obj: Obj, namespace: str | None = None,
                timeout_s: float | None = None) -> Obj:
@@ -327,6 +426,7 @@ class KubeClient:
         # read timeout: the server ends the stream after timeoutSeconds; allow some slack before we
         # declare the connection dead.
         timeout = (min(self.timeout_s, 5.0), timeout_s + 15.0)
+        self._throttle("GET", path, "watch", info.plural, namespace or "", self.timeout_s)
         try:
             resp = self._send("GET", path, query, None, content_type=None, timeout=timeout)
         except Exception as exc:
@@ -388,22 +488,29 @@ class KubeClient:
         return self.get("leases", name, namespace)
 
     def create_event(self, obj: Obj, type_: str, reason: str, message: str, component: str, *,
-                     kind: str | None = None, host: str | None = None) -> Obj:
+                     kind: str | None = None, host: str | None = None,
+                     key: tuple[str, ...] | None = None) -> Obj:
         """Record a core/v1 Event about ``obj``. A repeat of the same (object, type, reason, message)
         within 10 minutes bumps ``count`` and ``lastTimestamp`` instead of creating a new Event, like
-        client-go's event correlator."""
+        client-go's event correlator. ``key``: the identity of an aggregate event (its message changes
+        with every update; see ``scheduler.events.EventCorrelator``)."""
         meta = obj.get("metadata") or {}
         kind = kind or obj.get("kind") or _guess_kind(obj)
         ns = meta.get("namespace") or "default"
         message = message[:1024]  # the API's limit on Event.message
-        key = (kind, ns, meta.get("name", ""), meta.get("uid", ""), type_, reason, message, component)
+        aggregate = key is not None
+        if key is None:
+            key = (kind, ns, meta.get("name", ""), meta.get("uid", ""), type_, reason, message, component)
         now = now_rfc3339()
         with self._event_lock:
             seen = self._event_names.get(key)
         if seen is not None and time.monotonic() - seen[1] < 600:
             name, _t, count = seen
+            update: Obj = {"count": count + 1, "lastTimestamp": now}
+            if aggregate:
+                update["message"] = message
             try:
-                out = self.patch("events", name, {"count": count + 1, "lastTimestamp": now}, ns)
+                out = self.patch("events", name, update, ns)
                 with self._event_lock:
                     self._event_names[key] = (name, time.monotonic(), count + 1)
                 return out
@@ -537,5 +644,5 @@ def _guess_kind(obj: Obj) -> str:
     return "Pod"
 
 
-__all__ = ["JSON_PATCH", "KINDS", "MERGE_PATCH", "ExpiredError", "KubeClient", "RetryPolicy", "WatchStream",
-           "api_path", "kind_info", "now_micro", "now_rfc3339"]
+__all__ = ["JSON_PATCH", "KINDS", "MERGE_PATCH", "PAGE_SIZE", "ExpiredError", "KubeClient", "RetryPolicy",
+           "WatchStream", "api_path", "kind_info", "now_micro", "now_rfc3339", "too_large_rv", "user_agent"]

@@ -61,6 +61,15 @@ class KubeTimeoutError(KubeError):
     """No answer within the call's timeout (status 0)."""
 
 
+class ThrottledError(KubeTimeoutError):
+    """The client's own rate limit would delay the request past its timeout: nothing was sent, and a
+    retry would only wait longer (client-go fails such a request with its context's deadline)."""
+
+    @property
+    def transient(self) -> bool:
+        return False
+
+
 class KubeConfigError(Exception):
     """No usable credentials: the message says which sources were tried and how to fix it."""
 

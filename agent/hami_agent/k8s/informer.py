@@ -2,9 +2,18 @@
 
 * list, then watch from the list's resourceVersion; the watch is re-opened from the last seen
   resourceVersion when it ends (server timeout) or breaks (connection lost, API server restarting),
-  with exponential backoff and jitter between failed attempts;
+  with exponential backoff and jitter between failed attempts; bookmarks keep that resourceVersion
+  fresh while nothing changes, so a re-opened watch does not fall out of the server's history;
+* lists are cheap for the API server, as client-go's reflector makes them (``tools/cache/reflector.go``
+  ``relistResourceVersion``): the first list asks for ``resourceVersion=0`` (served from the watch cache,
+  no etcd read), a relist after an expired watch for the last seen resourceVersion (also the cache); only
+  when that is refused, or a consumer asks for the present (``relist()``), is a consistent list read,
+  paginated (``limit``/``continue``, client-go's pager);
 * 410 Gone / Expired (our resourceVersion left the server's history) → relist at once; the relist is
   diffed against the cache so handlers see the adds, updates and deletes they missed;
+* the server-side watch timeout is drawn between ``watch_timeout_s`` and twice that (the reflector's
+  ``minWatchTimeout * (1 + rand)``), so thousands of agents started together do not re-open their
+  watches in the same second;
 * every ``resync_s`` the cached objects are re-delivered to ``on_update(old, new)`` with old is new,
   so level-triggered consumers converge even if they dropped an event;
 * the cache is safe to read from any thread; handlers run on the informer's threads, one at a time;
@@ -19,6 +28,7 @@ Objects are the API's JSON dicts; treat what ``list()``/``get()`` return as read
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +37,7 @@ from typing import Any
 
 from hami_agent import log
 from hami_agent.k8s.backoff import Backoff
-from hami_agent.k8s.client import KubeClient, WatchStream, kind_info
+from hami_agent.k8s.client import KubeClient, WatchStream, kind_info, too_large_rv
 from hami_agent.k8s.errors import ExpiredError, KubeError
 
 logger = logging.getLogger(__name__)
@@ -85,6 +95,8 @@ class Informer:
         self.last_error: str | None = None
         self.relists = 0
         self.watch_restarts = 0
+        self.consistent_lists = 0  # lists read from etcd (not the watch cache): relist() and fallbacks
+        self._rv_unavailable = False  # the last resourceVersion was refused: the next list is consistent
 
     # -- public API
     def add_handler(self, on_add: Callable[[Obj], None] | None = None,
@@ -192,7 +204,7 @@ class Informer:
     def _relist(self) -> None:
         with self._relist_cond:
             gen = self._relist_wanted  # requests made before this LIST are answered by it
-        items, rv = self._client.list(self.kind, self.namespace, self.label_selector, self.field_selector)
+        items, rv = self._list(consistent=gen > self._relist_done)
         self.relists += 1
         fresh = {object_key(o): o for o in items}
         with self._cache_lock:
@@ -218,11 +230,36 @@ class Informer:
                   len(fresh), rv)
         self._synced.set()
 
+    def _list(self, consistent: bool) -> tuple[list[Obj], str]:
+        """One (possibly paginated) list, from the cheapest source that is new enough (see the module
+        docstring): ``consistent`` when a consumer asked for the present."""
+        sel = (self.kind, self.namespace, self.label_selector, self.field_selector)
+        if consistent or self._rv_unavailable:
+            self.consistent_lists += 1
+            items, rv = self._client.list(*sel, resource_version="")
+            self._rv_unavailable = False
+            return items, rv
+        if not self.resource_version:
+            return self._client.list(*sel, resource_version="0")
+        try:
+            # not older than what we saw: the watch cache answers it whole (no limit, no etcd read)
+            return self._client.list(*sel, resource_version=self.resource_version, page_size=None)
+        except KubeError as e:
+            if not (isinstance(e, ExpiredError) or too_large_rv(e)):
+                raise
+            logger.info("list of %s at resourceVersion %s refused (%s): reading the present", self.kind,
+                        self.resource_version, e.message or e.reason)
+            self._rv_unavailable = True
+            self.consistent_lists += 1
+            items, rv = self._client.list(*sel, resource_version="")
+            self._rv_unavailable = False
+            return items, rv
+
     def _watch_once(self) -> int:
         """Run one watch until it ends; returns the number of events it delivered."""
         stream = self._client.watch(self.kind, self.resource_version, self.namespace,
                                     label_selector=self.label_selector, field_selector=self.field_selector,
-                                    timeout_s=self.watch_timeout_s)
+                                    timeout_s=self.watch_timeout_s * (1.0 + random.random()))  # noqa: S311
         self._stream = stream
         self.watch_restarts += 1
         delivered = 0

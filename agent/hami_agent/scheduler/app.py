@@ -20,7 +20,9 @@ from hami_agent.scheduler.leadership import (
     LeaderGate,
     default_advertise_url,
 )
+from hami_agent.scheduler.lockwait import NodeLockWaiter
 from hami_agent.scheduler.metrics import SchedulerMetrics
+from hami_agent.scheduler.requeue import Requeuer
 from hami_agent.scheduler.server import ExtenderHTTPServer
 from hami_agent.scheduler.sync import ClusterSync
 from hami_agent.scheduler.webhook import Webhook, quota_left_fn
@@ -63,6 +65,17 @@ class SchedulerApp:
         self.gate.relist = self.sync.relist_pods  # a new leader relists before its first decision
         self.extender = Extender(self.cache, self.config, client, self.events, self.metrics,
                                  cached_pods=self.sync.pending_pod, gate=self.gate, healer=self.healer)
+        # after a refusal, a GPU freed in the cache is announced to kube-scheduler (scheduler/requeue.py)
+        self.requeue = Requeuer(client, self.gate.lease_valid)
+        self.extender.requeue = self.requeue
+        self.sync.on_freed = self.requeue.freed
+        # a /bind meeting a busy node lock waits for its release (scheduler/lockwait.py)
+        self.lock_waiter = None
+        if self.config.bind_lock_wait_s > 0:
+            self.lock_waiter = NodeLockWaiter(wait_s=self.config.bind_lock_wait_s)
+            self.extender.binder.waiter = self.lock_waiter
+            self.sync.on_node_seen = self.lock_waiter.on_node
+            self.sync.on_node_gone = self.lock_waiter.on_node_delete
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),
                                namespace_labels=self._namespace_labels)
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
@@ -99,6 +112,7 @@ class SchedulerApp:
 
     def start(self) -> SchedulerApp:
         self.events.start()
+        self.requeue.start()
         self.healer.start()
         self.healer.submit("audit", self._audit, delay_s=self.audit_interval_s, deadline_s=1e12,
                            periodic=True)
@@ -142,6 +156,9 @@ class SchedulerApp:
         if self.elector is not None:
             self.elector.stop()
         self.sync.stop()
+        self.requeue.stop()
+        if self.lock_waiter is not None:
+            self.lock_waiter.stop()
         self.healer.stop()
         self.events.stop()
         if self.gate.forwarder is not None:

@@ -15,6 +15,11 @@ the pod may still need it, and never guess the outcome of a binding.
   ``Healer`` resolves it in the background; the lock is kept until the pod is provably not bound.
 * A lock release that fails (409/5xx/timeout) is retried in the background until it succeeds or the
   lock is no longer this pod's — a lock is only ever released while the pod provably does not need it.
+* A node locked by another pod that is still being allocated does not fail the bind at once: with a
+  ``waiter`` (``lockwait.NodeLockWaiter``) the bind parks until the node watch shows the lock released
+  (FIFO per node, bounded in number and time), then runs with the pod read afresh; the answer is a
+  ``Future`` resolved then (no thread waits). Without one, or when it is full or the wait times out:
+  HAMi's ``node lock contention`` error.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from hami_agent import log
 from hami_agent.k8s.errors import ConflictError, KubeError, NotFoundError
-from hami_agent.k8s.nodelock import NodeLockError, lock_node, owner_done, release_node_lock
+from hami_agent.k8s.nodelock import CONTENTION, NodeLockError, lock_node, owner_done, release_node_lock
 from hami_agent.protocol import ProtocolError, keys
 from hami_agent.protocol.nodelock import parse_lock_value
 from hami_agent.scheduler import events as ev
@@ -54,6 +60,14 @@ def _rv(pod: dict) -> str:
     return str((pod.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def _copy(src: Future, dst: Future) -> None:
+    exc = src.exception()
+    if exc is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(src.result())
+
+
 class Binder:
     def __init__(self, *, wclient: Any, rclient: Any, pods: PodStates, gate: LeaderGate, healer: Healer,
                  decisions: DecisionLog, config: Any, events: Any = None, count: Any = None) -> None:
@@ -66,6 +80,7 @@ class Binder:
         self.config = config
         self.events = events
         self._count = count or (lambda _v, _r: None)
+        self.waiter: Any = None  # lockwait.NodeLockWaiter: park binds that meet a busy lock
         self._lock = threading.Lock()
         self._active: set[str] = set()  # uids with a /bind in progress
         self._in_doubt: dict[str, str] = {}  # uid -> node of a binding whose outcome is unknown
@@ -75,18 +90,47 @@ class Binder:
             return uid in self._in_doubt
 
     # --------------------------------------------------------------------------------- /bind
-    def bind(self, b: BindArgs) -> dict:
+    def bind(self, b: BindArgs) -> dict | Future:
+        """Bind ``b``: the answer, or a ``Future`` of it when the bind waits for the node lock."""
         if self.wclient is None:
             return {"Error": "no API client configured"}
+        checked = self._checked(b, fresh=True)
+        if isinstance(checked, dict):
+            return checked
+        pod, rec = checked
+        if rec is None:  # no GPU: nothing to lock or check against a decision (kube-scheduler chose)
+            return self._finish_binding(b, pod, None)
+        with self._lock:
+            if b.uid in self._in_doubt:
+                return self._refuse(b, "an earlier binding of this pod is still being resolved")
+            if b.uid in self._active:
+                return self._refuse(b, "a bind of this pod is already in progress")
+            self._active.add(b.uid)
+        out: dict | Future = {"Error": "bind did not finish"}
         try:
-            pod = self.pods.schedulable(b.namespace, b.name, b.uid, fresh=True)
+            out = self._bind_gpu_pod(b, pod, rec)
+            return out
+        finally:
+            if isinstance(out, Future):
+                out.add_done_callback(lambda _f: self._inactive(b.uid))
+            else:
+                self._inactive(b.uid)
+
+    def _inactive(self, uid: str) -> None:
+        with self._lock:
+            self._active.discard(uid)
+
+    def _checked(self, b: BindArgs, fresh: bool) -> dict | tuple[dict, FilterDecision | None]:
+        """The pod (read from the API) and this extender's decision for it, or the refusal to answer."""
+        try:
+            pod = self.pods.schedulable(b.namespace, b.name, b.uid, fresh=fresh)
             preq = pod_request(pod, self.config.names)
         except (PodRefused, RequestError) as exc:
             return self._refuse(b, str(exc))
         except KubeError as exc:
             return self._fail(b, None, f"cannot read the pod: {exc}")
-        if preq.empty:  # no GPU: nothing to lock or check against a decision (kube-scheduler chose)
-            return self._finish_binding(b, pod, None)
+        if preq.empty:
+            return pod, None
         rec = self.decisions.get(b.uid)
         if rec is None:
             return self._refuse(b, "has no /filter decision of this extender (never filtered here, the "
@@ -98,24 +142,18 @@ class Binder:
         if ann.get(keys.VGPU_NODE) != rec.node or ann.get(keys.DEVICES_TO_ALLOCATE) != rec.devices:
             return self._refuse(b, f"its {keys.VGPU_NODE}/{keys.DEVICES_TO_ALLOCATE} annotations are not "
                                    "this extender's decision any more: kube-scheduler will filter it again")
-        with self._lock:
-            if b.uid in self._in_doubt:
-                return self._refuse(b, "an earlier binding of this pod is still being resolved")
-            if b.uid in self._active:
-                return self._refuse(b, "a bind of this pod is already in progress")
-            self._active.add(b.uid)
-        try:
-            return self._bind_gpu_pod(b, pod, rec)
-        finally:
-            with self._lock:
-                self._active.discard(b.uid)
+        return pod, rec
 
-    def _bind_gpu_pod(self, b: BindArgs, pod: dict, rec: FilterDecision) -> dict:
+    def _bind_gpu_pod(self, b: BindArgs, pod: dict, rec: FilterDecision) -> dict | Future:
         try:
             self.gate.check("the node lock")
             value = lock_node(self.wclient, b.node, b.namespace, b.name,
                               expiry_s=self.config.node_lock_timeout_s)
-        except (NotLeader, NodeLockError) as exc:  # nothing written, or the lock is someone else's
+        except NodeLockError as exc:  # nothing written, or the lock is someone else's
+            if self.waiter is not None and exc.holder and CONTENTION in str(exc):
+                return self._wait_for_lock(b, exc)
+            return self._fail(b, pod, str(exc))
+        except NotLeader as exc:
             return self._fail(b, pod, str(exc))
         except KubeError as exc:  # the lock write may have been applied: release it if it is ours
             self._release_later(b)
@@ -129,6 +167,34 @@ class Binder:
             self.release(b, value)
             return self._fail(b, pod, f"patch pod {keys.BIND_PHASE}: {exc}")
         return self._finish_binding(b, pod, value)
+
+    def _wait_for_lock(self, b: BindArgs, busy: NodeLockError) -> dict | Future:
+        """Park the bind until the node's lock is released (``lockwait``); the Future resolves then."""
+        fut: Future = Future()
+        log.v(logger, 4, "bind pod %s/%s: node %s is locked by %s; waiting for its release", b.namespace,
+              b.name, b.node, busy.holder)
+
+        def resume(timed_out: bool) -> None:
+            try:
+                if timed_out:
+                    out: dict | Future = self._fail(b, None, str(busy))
+                else:
+                    checked = self._checked(b, fresh=True)  # the pod may have changed while it waited
+                    out = checked if isinstance(checked, dict) else self._bind_gpu_pod(b, *checked)
+            except BaseException as exc:  # a bug: answer an error (the server logs it), never hang
+                fut.set_exception(exc)
+                self.waiter.done(b.node)
+                return
+            if isinstance(out, Future):  # met the lock again (someone else took it first): chain
+                out.add_done_callback(lambda f: _copy(f, fut))
+                return
+            if out.get("Error"):
+                self.waiter.done(b.node)  # the lock stays free: the next waiter may try
+            fut.set_result(out)
+
+        if not self.waiter.wait(b.node, self.waiter.lock_of(b.node), resume):
+            return self._fail(b, None, f"{busy} (and too many binds are already waiting)")
+        return fut
 
     def _finish_binding(self, b: BindArgs, pod: dict, lock_value: str | None) -> dict:
         """POST pods/binding; resolve a lost answer by reading back (and sending again once)."""

@@ -5,6 +5,11 @@ Why a memo: kube-scheduler sends every node name on every /filter. Re-fitting 5,
 Python costs ~100 ms. Fit is a pure function of (node state, pod request shape), and a placement changes
 one node, so results are memoised per request shape and only nodes whose state changed since ("dirty")
 are re-fitted. The per-request work left is set arithmetic in C over the node names.
+
+Why lazy: a shape seen for the first time (or evicted from the memo) has every node dirty. The answer is
+only the best node, so nodes are fitted best-first (the policy's order of node scores) until one fits;
+the rest stay dirty. Only a pod that fits nowhere needs every node's reason. The FilteringSucceed event's
+counts (how many nodes fit) are completed off the request path (``complete``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodReq
 logger = logging.getLogger(__name__)
 
 MEMO_SHAPES = 64  # distinct request shapes remembered (LRU)
+EAGER_DIRTY = 64  # up to this many dirty candidates are all re-fitted at once; beyond, best-first
+COMPLETE_CHUNK = 256  # nodes fitted per lock hold when completing a memo off the request path
 
 
 @dataclass
@@ -89,6 +96,8 @@ class Decision:
     n_fit: int = 0
     fit_nodes: list[str] = field(default_factory=list)  # best first, for the event (capped)
     scores: dict[str, float] = field(default_factory=dict)
+    # counts not known yet (the lazy walk stopped at the best node): ``UsageCache.complete(decision)``
+    pending: tuple | None = None
 
 
 class UsageCache:
@@ -105,7 +114,9 @@ class UsageCache:
         self._memo: OrderedDict[tuple, _Memo] = OrderedDict()
         self._memo_shapes = memo_shapes
         self._rank: dict[str, tuple[float, str]] = {}
+        self._order: list[tuple[float, str]] = []  # every node's rank key, ascending (the lazy walk)
         self.unknown_uuid_warnings = 0
+        self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
 
     # ------------------------------------------------------------------------------------ nodes
     def set_node(self, name: str, devices: list[DeviceUsage], extras: NodeExtras | None = None,
@@ -129,7 +140,7 @@ class UsageCache:
         with self.lock:
             if self.nodes.pop(name, None) is None:
                 return False
-            self._rank.pop(name, None)
+            self._drop_rank(name)
             for m in self._memo.values():
                 m.drop(name)
                 m.fits.pop(name, None)
@@ -138,9 +149,20 @@ class UsageCache:
 
     def _touch(self, st: NodeState) -> None:
         st.score = node_score(st.devices)
-        self._rank[st.name] = (st.score, st.name)
+        key = (st.score, st.name)
+        if self._rank.get(st.name) != key:
+            self._drop_rank(st.name)
+            self._rank[st.name] = key
+            bisect.insort(self._order, key)
         for m in self._memo.values():
             m.dirty.add(st.name)
+
+    def _drop_rank(self, name: str) -> None:
+        old = self._rank.pop(name, None)
+        if old is not None:
+            i = bisect.bisect_left(self._order, old)
+            if i < len(self._order) and self._order[i] == old:
+                del self._order[i]
 
     # ------------------------------------------------------------------------------------- pods
     # Two sources write a pod's usage, and they can disagree for a while:
@@ -173,9 +195,10 @@ class UsageCache:
                 del self._assumed[uid]  # confirmed: from now on the informer is the truth
             self._set(uid, usage)
 
-    def observe_gone(self, uid: str) -> None:
-        """The pod was deleted or has finished: it counts nothing, whatever was assumed."""
-        self.remove_pod(uid)
+    def observe_gone(self, uid: str) -> PodUsage | None:
+        """The pod was deleted or has finished: it counts nothing, whatever was assumed. Returns the usage
+        it no longer counts (None when it counted nothing)."""
+        return self.remove_pod(uid)
 
     def assume(self, uid: str, usage: PodUsage | None, signature: Signature | None,
                ttl_s: float = 300.0, now: float | None = None) -> None:
@@ -315,6 +338,7 @@ class UsageCache:
             except TypeError as exc:
                 raise ValueError(f"node names must be strings: {exc}") from exc
             spread = ctx.node_policy == "spread"
+            pending = None
             if quota is None:
                 key = (preq, ctx)
                 m = self._memo.get(key)
@@ -326,13 +350,17 @@ class UsageCache:
                 else:
                     self._memo.move_to_end(key)
                 todo = m.dirty & names_set  # dirty only ever holds known nodes
-                for n in todo:
-                    m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), self._rank[n])
-                m.dirty -= todo
+                if len(todo) <= EAGER_DIRTY:
+                    self._fit_into(m, todo, preq, ctx)
+                    walk = m.order if spread else reversed(m.order)
+                    best = next((k[1] for k in walk if k[1] in names_set), None)
+                else:
+                    best = self._walk(m, names_set, spread, preq, ctx)
+                    if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
+                        self._fit_into(m, m.dirty & names_set, preq, ctx)
+                    elif event_nodes or log.enabled(logger, 2):
+                        pending = (m, names_set, spread, event_nodes, preq, ctx)
                 fits = m.fits
-                # Entries of nodes outside ``names`` may be stale, but they are skipped here.
-                walk = m.order if spread else reversed(m.order)
-                best = next((k[1] for k in walk if k[1] in names_set), None)
                 ok_of = m.ok
             else:  # namespace quota changes with every pod of the namespace: no memo
                 fits = {n: self.evaluate(self.nodes[n], preq, ctx, QuotaBudget(quota.mem_left,
@@ -351,13 +379,58 @@ class UsageCache:
                 failed = {n: (fits[n].reason if n in fits else "node unregistered") for n in names}
                 return Decision(None, None, failed)
             dec = Decision(best, fits[best], {})
-            if event_nodes or log.enabled(logger, 2):
-                ok = ok_of & names_set
-                dec.n_fit = len(ok)
-                order = sorted(ok, key=self._rank.__getitem__, reverse=not spread)
-                dec.fit_nodes = order[:event_nodes]
-                dec.scores = {n: self.nodes[n].score for n in dec.fit_nodes}
+            if pending is not None:
+                dec.pending = (*pending, best)
+            elif event_nodes or log.enabled(logger, 2):
+                self._count_fits(dec, ok_of & names_set, spread, event_nodes)
             return dec
+
+    def _fit_into(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext) -> None:
+        for n in todo:
+            m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), self._rank[n])
+        m.dirty -= todo
+
+    def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext) -> str | None:
+        """Best-first over every node's rank: fit dirty candidates until one fits (it is the best)."""
+        order = self._order if spread else reversed(self._order)
+        dirty, fits = m.dirty, m.fits
+        for key in order:
+            n = key[1]
+            if n not in names:
+                continue
+            if n in dirty:
+                m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), key)
+                dirty.discard(n)
+                self.lazy_fits += 1
+            r = fits.get(n)
+            if r is not None and r.ok:
+                return n
+        return None
+
+    def _count_fits(self, dec: Decision, ok: set[str], spread: bool, event_nodes: int) -> None:
+        dec.n_fit = len(ok)
+        order = sorted(ok, key=self._rank.__getitem__, reverse=not spread)
+        dec.fit_nodes = order[:event_nodes]
+        dec.scores = {n: self.nodes[n].score for n in dec.fit_nodes}
+
+    def complete(self, dec: Decision) -> Decision:
+        """Fill in ``n_fit``/``fit_nodes``/``scores`` of a decision the lazy walk left open: the remaining
+        candidates are fitted in chunks, the lock released between them, so concurrent /filter calls wait
+        at most one chunk. Counted now, shortly after the decision: the chosen node counts as fitting (it
+        did, before its own reservation), the others as they are now."""
+        if dec.pending is None:
+            return dec
+        m, names, spread, event_nodes, preq, ctx, best = dec.pending
+        while True:
+            with self.lock:
+                todo = m.dirty & names & self.nodes.keys()
+                chunk = set(list(todo)[:COMPLETE_CHUNK])
+                self._fit_into(m, chunk, preq, ctx)
+                if len(chunk) == len(todo):
+                    ok = (m.ok & names) | ({best} if best in self.nodes else set())
+                    self._count_fits(dec, ok, spread, event_nodes)
+                    dec.pending = None
+                    return dec
 
 
 def collapse(containers: list[list[Picked]], n_init: int) -> dict[str, DeviceAmount]:

@@ -1,15 +1,29 @@
 """Scheduler events (reference §4.5), posted off the request path by one worker thread.
 
 Why a worker: an event is a write to the API; /filter must answer kube-scheduler without waiting for
-it (HAMi also records events asynchronously through client-go's broadcaster)."""
+it (HAMi also records events asynchronously through client-go's broadcaster).
+
+Before posting, events go through ``EventCorrelator``, client-go's ``EventCorrelator``
+(``staging/src/k8s.io/client-go/tools/record/events_cache.go``) with its defaults: a source may post 25
+events about one object, then one more every 5 minutes (spam filter); more than 10 events about one
+object that differ only in their message within 10 minutes become one event "(combined from similar
+events): <latest message>" whose count goes up (aggregation); an identical event bumps the count of the
+existing one (``KubeClient.create_event``). The worker has its own client-side rate limit (the
+request paths have none), so a burst of events cannot slow binding: HAMi's events shared the client's
+limiter with its binds (Project-HAMi/HAMi#745). A full queue drops events (``dropped``)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from hami_agent.k8s.ratelimit import RateLimiter
 from hami_agent.protocol import ProtocolError, parse_reason
 
 logger = logging.getLogger(__name__)
@@ -52,15 +66,95 @@ def binding_succeed_message(node: str, namespace: str, name: str) -> str:
     return f"Successfully binding node [{node}] to {namespace}/{name}"
 
 
-class EventSink:
-    """Queues events and posts them with ``client.create_event``; bounded, drops when full."""
+# client-go tools/record/events_cache.go
+MAX_LRU_ENTRIES = 4096
+AGGREGATE_MAX_EVENTS = 10
+AGGREGATE_INTERVAL_S = 600.0
+SPAM_BURST = 25
+SPAM_QPS = 1.0 / 300.0
+COMBINED_PREFIX = "(combined from similar events): "
 
-    def __init__(self, client: Any, component: str, maxsize: int = 10000) -> None:
+
+@dataclass
+class _Similar:
+    messages: set[str] = field(default_factory=set)
+    last: float = 0.0
+
+
+@dataclass(frozen=True)
+class Correlated:
+    """What to post: ``skip`` (spam), else ``message`` and, for an aggregate, the ``key`` of the one
+    event that all similar events update (None: identical events are counted by their message)."""
+
+    skip: bool
+    message: str = ""
+    key: tuple[str, ...] | None = None
+
+
+class EventCorrelator:
+    """Spam filter + aggregation of events about one object (see the module docstring). Thread-safe;
+    every cache is an LRU of ``MAX_LRU_ENTRIES``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, max_events: int = AGGREGATE_MAX_EVENTS,
+                 interval_s: float = AGGREGATE_INTERVAL_S, spam_burst: int = SPAM_BURST,
+                 spam_qps: float = SPAM_QPS) -> None:
+        self._clock = clock
+        self.max_events = max_events
+        self.interval_s = interval_s
+        self.spam_burst = spam_burst
+        self.spam_qps = spam_qps
+        self._lock = threading.Lock()
+        self._spam: collections.OrderedDict[tuple[str, ...], RateLimiter] = collections.OrderedDict()
+        self._similar: collections.OrderedDict[tuple[str, ...], _Similar] = collections.OrderedDict()
+        self.filtered = 0
+        self.aggregated = 0
+
+    @staticmethod
+    def _lru_get(cache: collections.OrderedDict, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        value = cache.get(key)
+        if value is None:
+            value = cache[key] = make()
+            while len(cache) > MAX_LRU_ENTRIES:
+                cache.popitem(last=False)
+        cache.move_to_end(key)
+        return value
+
+    def correlate(self, meta: dict, kind: str, type_: str, reason: str, message: str,
+                  component: str) -> Correlated:
+        obj = (component, kind, meta.get("namespace") or "", meta.get("name") or "", meta.get("uid") or "")
+        with self._lock:
+            bucket = self._lru_get(self._spam, obj, lambda: RateLimiter(self.spam_qps, self.spam_burst,
+                                                                        clock=self._clock))
+            if not bucket.try_accept():
+                self.filtered += 1
+                return Correlated(skip=True)
+            key = (*obj, type_, reason)
+            now = self._clock()
+            rec = self._lru_get(self._similar, key, _Similar)
+            if now - rec.last > self.interval_s:
+                rec.messages = set()
+            rec.messages.add(message)
+            rec.last = now
+            if len(rec.messages) < self.max_events:
+                return Correlated(skip=False, message=message)
+            rec.messages.pop()  # keep the set at its maximum (client-go's PopAny)
+            self.aggregated += 1
+            return Correlated(skip=False, message=COMBINED_PREFIX + message, key=key)
+
+
+class EventSink:
+    """Queues events and posts them with ``client.create_event``; bounded, drops when full.
+    ``qps``/``burst``: the worker's own client-side rate limit (events only)."""
+
+    def __init__(self, client: Any, component: str, maxsize: int = 10000, *, qps: float = 10.0,
+                 burst: int = 50, correlator: EventCorrelator | None = None) -> None:
         self.client = client
         self.component = component
         self._q: queue.Queue = queue.Queue(maxsize=maxsize)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.correlator = correlator or EventCorrelator()
+        self.limiter = RateLimiter(qps, burst)
         self.dropped = 0
         self.posted = 0
 
@@ -74,7 +168,9 @@ class EventSink:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def emit(self, pod: dict, type_: str, reason: str, message: str) -> None:
+    def emit(self, pod: dict, type_: str, reason: str, message: str | Callable[[], str]) -> None:
+        """Queue an event; ``message`` may be a function, called on the worker thread (work the request
+        path should not wait for, e.g. counting every fitting node)."""
         try:
             self._q.put_nowait((pod, type_, reason, message))
         except queue.Full:
@@ -98,9 +194,23 @@ class EventSink:
             if pod is None:
                 message.set()
                 continue
+            if callable(message):
+                try:
+                    message = message()
+                except Exception:  # a bug must not kill the worker
+                    logger.exception("building the %s event message failed", reason)
+                    continue
             ref = {"kind": "Pod", "apiVersion": "v1", "metadata": pod.get("metadata") or {}}
+            verdict = self.correlator.correlate(ref["metadata"], "Pod", type_, reason, message,
+                                                self.component)
+            if verdict.skip:
+                continue
+            wait = self.limiter.reserve(float("inf"))
+            if wait:
+                self._stop.wait(wait)
             try:
-                self.client.create_event(ref, type_, reason, message, self.component)
+                extra = {"key": verdict.key} if verdict.key is not None else {}
+                self.client.create_event(ref, type_, reason, verdict.message, self.component, **extra)
                 self.posted += 1
             except Exception as exc:  # an event is best effort; never kill the worker
                 logger.warning("create event %s for pod %s/%s failed: %s", reason,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,9 @@ class SchedulerConfig:
     # /filter makes at most a read, a write and a read-back, a /bind a few more.
     api_timeout_s: float = 4.0
     settle_s: float = 90.0  # after this, an unanswered write that left the pod unchanged counts as lost
+    # a /bind that meets a node lock held by a pod still being allocated waits this long for its release
+    # (scheduler/lockwait.py; kube-scheduler's extender httpTimeout is 30 s); 0: fail at once, as HAMi
+    bind_lock_wait_s: float = 15.0
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
@@ -100,6 +104,7 @@ class Extender:
                              healer=self.healer, decisions=self.decisions, config=self.config,
                              events=events, count=self._count)
         self.gate.on_lost(self.decisions.clear)
+        self.requeue: Any = None  # scheduler/requeue.py Requeuer: told when /filter finds no node
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict) -> dict:
@@ -156,6 +161,8 @@ class Extender:
                 self.cache.restore(uid, prev)
         if dec.node is None:
             self._count("filter", "unschedulable")
+            if self.requeue is not None and not simulate:
+                self.requeue.refused()
             logger.info("pod %s/%s: no node fits: %d nodes do not meet", ns, name, len(dec.failed))
             if self.events:
                 for msg in ev.filtering_failed_messages(dec.failed):
@@ -165,6 +172,7 @@ class Extender:
                 self._clear_stale_assignment(pod, ns, name)
             return self._result(failed=dec.failed)
         if log.enabled(logger, 2):
+            self.cache.complete(dec)  # debug logging may pay for the counts on the request path
             log.v(logger, 2, "pod %s/%s: schedule to node %s (score %.2f, %d nodes fit, policy %s/%s)",
                   ns, name, dec.node, self.cache.nodes[dec.node].score if dec.node in self.cache.nodes else 0,
                   dec.n_fit, ctx.node_policy, ",".join(ctx.gpu_policy))
@@ -180,8 +188,14 @@ class Extender:
         self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
         self._count("filter", "scheduled")
         if self.events:
-            self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, ev.filtering_succeed_message(
-                dec.node, len(fa.names) - dec.n_fit, dec.n_fit, dec.fit_nodes, dec.scores))
+            n_names = len(fa.names)
+
+            def message() -> str:  # counts completed on the event thread (cache.complete)
+                d = self.cache.complete(dec)
+                return ev.filtering_succeed_message(d.node or "", n_names - d.n_fit, d.n_fit, d.fit_nodes,
+                                                    d.scores)
+
+            self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, message if dec.pending else message())
         return self._result(names=[dec.node])
 
     def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str) -> str:
@@ -242,6 +256,15 @@ class Extender:
 
     # ------------------------------------------------------------------------------------- bind
     def bind(self, args: dict) -> dict:
+        """/bind, answered when done (a bind waiting for its node lock is waited for here)."""
+        out = self.bind_async(args)
+        if isinstance(out, Future):
+            # a waiting bind resolves within the waiter's deadline plus the bind's own API calls
+            return out.result(timeout=self.config.bind_lock_wait_s + 4 * self.config.api_timeout_s + 5)
+        return out
+
+    def bind_async(self, args: dict) -> dict | Future:
+        """/bind for the HTTP server: a ``Future`` while the bind waits for its node lock."""
         b = parse_bind_args(args)
         if not self.gate.is_leader():
             self._count("bind", "forwarded")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
@@ -45,6 +46,14 @@ def parse_bind(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
     return (host.strip("[]") or default_host), int(port)
 
 
+def _deferred_json(src: Future, dst: Future) -> None:
+    exc = src.exception()
+    if exc is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(Response.json(src.result()))
+
+
 def prioritize(args: Any) -> list[dict]:
     """HAMi has no prioritize verb (the node is chosen in /filter); answer a neutral HostPriorityList."""
     return [{"Host": n, "Score": 0} for n in parse_prioritize_args(args)]
@@ -70,7 +79,9 @@ class ExtenderHTTPServer:
         json_routes: dict[str, Callable[[Any], Any]] = dict(routes or {})
         validated: set[str] = set()
         if extender is not None:
-            verbs = (("/filter", extender.filter), ("/bind", extender.bind), ("/prioritize", prioritize))
+            # /bind may answer later (a Future) while it waits for a node lock: no handler thread waits
+            verbs = (("/filter", extender.filter), ("/bind", getattr(extender, "bind_async", extender.bind)),
+                     ("/prioritize", prioritize))
             for path, fn in verbs:
                 if path not in json_routes:
                     json_routes[path] = fn
@@ -216,6 +227,10 @@ class ExtenderHTTPServer:
             finally:
                 if self.metrics is not None:
                     self.metrics.latency.labels(verb).observe(time.perf_counter() - t0)
+            if isinstance(result, Future):  # answered when it resolves (httpserve: deferred response)
+                out: Future = Future()
+                result.add_done_callback(lambda f: _deferred_json(f, out))
+                return out  # type: ignore[return-value]
             return Response.json(result)
 
         return handler

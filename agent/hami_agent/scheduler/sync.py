@@ -52,6 +52,10 @@ class ClusterSync:
         self.node_informer: Any = None
         self.pod_informer: Any = None
         self.pending_informer: Any = None
+        self.on_freed: Callable[[str], None] | None = None  # node whose GPU capacity a pod stopped using
+        # every node event, for the binds waiting on a node lock (scheduler/lockwait.py)
+        self.on_node_seen: Callable[[dict], None] | None = None
+        self.on_node_gone: Callable[[dict], None] | None = None
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> ClusterSync:
@@ -110,6 +114,8 @@ class ClusterSync:
         name = (node.get("metadata") or {}).get("name")
         if not name:
             return
+        if self.on_node_seen is not None:
+            self.on_node_seen(node)
         with self._lock:
             if name in self.dropped:
                 return
@@ -130,6 +136,8 @@ class ClusterSync:
 
     def on_node_delete(self, node: dict) -> None:
         name = (node.get("metadata") or {}).get("name")
+        if self.on_node_gone is not None:
+            self.on_node_gone(node)
         with self._lock:
             self._last_register.pop(name, None)
             self.dropped.discard(name)
@@ -188,10 +196,14 @@ class ClusterSync:
     def on_pod(self, pod: dict) -> None:
         uid, _ns, _name = pod_key(pod)
         if is_terminated(pod):
-            self.cache.observe_gone(uid)
+            self._freed(self.cache.observe_gone(uid))
             return
         usage, sig = countable_usage(pod, self.names, self.scheduler_name)
         self.cache.observe(uid, usage, sig)
 
     def on_pod_delete(self, pod: dict) -> None:
-        self.cache.observe_gone(pod_key(pod)[0])
+        self._freed(self.cache.observe_gone(pod_key(pod)[0]))
+
+    def _freed(self, gone: Any) -> None:
+        if gone is not None and gone.devices and self.on_freed is not None:
+            self.on_freed(gone.node)  # scheduler/requeue.py

@@ -125,3 +125,48 @@ def test_a_pod_recreated_under_the_same_name_mid_rpc_is_never_written(k8s):
     assert api.get("pods", "default", "p3")["metadata"]["uid"] == "uid-p3-again"
     assert ann[keys.BIND_PHASE] == "allocating"
     assert ann[keys.DEVICES_TO_ALLOCATE] == f"{gpu_uuid(1)},NVIDIA,100,5:;"
+
+
+def test_lock_release_is_one_conditional_request(k8s):
+    """The release after Allocate is a single JSON patch that tests the lock's exact value (no GET of
+    the node first: the next pod's /bind waits for this release), and it never removes another lock."""
+    api, alloc, _plan = k8s
+    src = alloc.pods
+    lock(api, "p5")
+    value = node_lock(api)
+    api.requests.clear()
+    assert src.release_lock_if(value, 1.0) is True
+    assert node_lock(api) is None
+    [req] = [r for r in api.requests if r.path == f"/api/v1/nodes/{NODE}"]
+    assert (req.method, req.content_type) == ("PATCH", JSON_PATCH)
+    assert req.body[0] == {"op": "test", "path": "/metadata/annotations/hami.io~1mutex.lock", "value": value}
+    lock(api, "p6")  # the node is locked by the next pod now
+    assert src.release_lock_if(value, 1.0) is False and node_lock(api) == lock_value("p6")
+    api.patch("nodes", None, NODE, {"metadata": {"annotations": {keys.NODE_LOCK: None}}})
+    assert src.release_lock_if(value, 1.0) is False  # no lock at all
+
+
+def test_allocate_client_is_never_throttled(api_server, tmp_path):
+    """The device plugin's background client has client-go's rate limit; Allocate's view has none, so a
+    saturated limiter (a relist storm, say) never delays an Allocate write or the lock release."""
+    import argparse
+
+    from hami_agent.deviceplugin.cmd import build_clients
+
+    client, fast = build_clients(argparse.Namespace(kubeconfig=api_server.kubeconfig_path), api_timeout_s=0.3,
+                                 background_timeout_s=5)
+    try:
+        assert client.limiter is not None and (client.limiter.qps, client.limiter.burst) == (5.0, 10)
+        assert fast.limiter is None and fast.retry.attempts == 1 and fast.timeout_s == 0.3
+        api_server.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        client.limiter.reserve(1e9)
+        for _ in range(30):
+            client.limiter.reserve(1e9)  # the background client now waits ~8 s for its next token
+        t0 = time.monotonic()
+        src = K8sPodSource(NODE, fast, None)
+        for i in range(10):
+            api_server.patch("nodes", None, NODE, {"metadata": {"annotations": {keys.NODE_LOCK: f"v{i}"}}})
+            assert src.release_lock_if(f"v{i}", 0.3)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        client.close()

@@ -224,3 +224,33 @@ def test_host_metrics_from_simulated_nvml(mkregion, region_dir, gpusim_factory):
         check=False,
     )
     assert "HostGPUMemoryUsage" not in cp.stdout
+
+
+def test_running_monitor_watches_its_pods_instead_of_listing(api_server):
+    """A running monitor reads pod names from a watch of its node's pods: one list from the watch cache
+    at start, then nothing but the watch, however many scans (it used to list every 30 s, a quorum read)."""
+    import time
+
+    from hami_agent.k8s import KubeClient
+    from hami_agent.monitor.cmd import PodNames
+
+    client = KubeClient.from_kubeconfig(api_server.kubeconfig_path, component="monitor")
+    names = PodNames(client, "gpu-1", watch=True)
+    try:
+        assert names() == {}
+        api_server.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": "ml",
+                                                                            "uid": "uid-late"},
+                           "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "x"}]}})
+        deadline = time.monotonic() + 5
+        while "uid-late" not in names() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert names()["uid-late"].name == "late"
+        for _ in range(50):
+            names()
+        tally = api_server.accounting.by(agent_contains=" monitor")
+        assert tally["list"].requests == 1 and "list-etcd" not in tally and "get" not in tally
+        lists = [r for r in api_server.requests if r.path == "/api/v1/pods" and "watch" not in r.query]
+        assert lists[0].query["resourceVersion"] == "0"
+    finally:
+        names.close()
+        client.close()

@@ -137,3 +137,40 @@ def test_missing_node_is_reported_and_retried(api_server, client, tmp_path):
     assert r.last_error.startswith("get node error: 404 Not Found on node gpu-1")
     api_server.create(node_obj())
     assert r.register_once() and registered(api_server) is not None
+
+
+def test_idle_node_sends_no_request_and_a_removed_annotation_is_restored_at_once(api_server, client,
+                                                                                 tmp_path):
+    """The register loop reads its node from the plugin's node watch: after the first patch an idle node
+    sends nothing (it used to GET the node every 30 s), and an annotation someone removes is put back
+    when the watch shows it, not at the next 30 s check."""
+    from hami_agent.k8s.informer import Informer
+
+    api_server.create(node_obj())
+    inf = Informer(client, "nodes", field_selector=f"metadata.name={NODE}", resync_s=0).start()
+    assert inf.wait_synced(5)
+    r = NodeRegistrar(client, NODE, Source(gpu(0), gpu(1)), cfg(tmp_path), interval_s=0.05, retry_s=0.05,
+                      node_source=lambda: inf.get(None, NODE))
+    inf.add_handler(on_update=lambda _o, n: r.node_changed(n))
+    stop, thread = start(r)
+    try:
+        assert wait_for(lambda: registered(api_server) is not None)
+        time.sleep(0.3)  # ~6 more checks of the (unchanged) inventory
+        api_server.accounting.reset()
+        time.sleep(0.5)  # ~10 checks: all answered from the watch cache
+        verbs = {v: t.requests for v, t in api_server.accounting.by().items() if v != "watch"}
+        assert verbs == {} and r.gets == 0 and r.patches == 1
+        # someone removes the annotation: restored from the watch event, well before a 30 s interval
+        r.interval_s = 30.0
+        time.sleep(0.1)  # the loop is now in its 30 s wait
+        api_server.patch("Node", None, NODE, {"metadata": {"annotations": {keys.NODE_REGISTER: None}}})
+        assert wait_for(lambda: registered(api_server) is not None, timeout=5)
+        assert r.patches == 2
+        # the node lock or status changing does not wake the loop
+        api_server.patch("Node", None, NODE, {"metadata": {"annotations": {keys.NODE_LOCK: "x"}}})
+        time.sleep(0.3)
+        assert r.patches == 2
+    finally:
+        stop.set()
+        thread.join(5)
+        inf.stop()

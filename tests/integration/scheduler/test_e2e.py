@@ -8,6 +8,7 @@ import time
 import pytest
 
 from hami_agent.protocol import decode_pod_devices, keys
+from hami_agent.scheduler.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import events_for, gpu_node, gpu_pod, stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -93,7 +94,8 @@ def test_bind_failure_releases_lock_and_reports(api_server):
                        "metadata": {"name": "holder", "namespace": "default"},
                        "spec": {"containers": [{"name": "c", "image": "x"}]},
                        "status": {"phase": "Pending"}})
-    with stack(api_server, allocator=False) as (app, sim):
+    # the bind waits up to bind_lock_wait_s for a lock held by a pending pod, then reports the contention
+    with stack(api_server, SchedulerConfig(bind_lock_wait_s=1.0), allocator=False) as (app, sim):
         api_server.create(gpu_pod("p1", mem=1000))
         assert wait_for(lambda: any(m.startswith("binding rejected: node gpu-1 has been locked within 5m0s")
                                     for _k, m in sim.failures))

@@ -47,6 +47,9 @@ RARE: dict[str, dict[tuple[str, str, str], str]] = {
         # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer
         # has not seen it yet (a just-bound pod racing the watch); the informer is normally first.
         ("get", "", "pods"): "deviceplugin/podsource.py K8sPodSource.fetch_pod (informer lag)",
+        # the node is read from the plugin's node watch; a GET only when the watch has not shown the lock
+        # yet (deviceplugin/owner.py find_lock_owner) or has not synced (register.py NodeRegistrar._read_node)
+        ("get", "", "nodes"): "deviceplugin/owner.py find_lock_owner, register.py _read_node (watch lag)",
     },
     OPERATORS: {},
 }
@@ -171,13 +174,22 @@ def test_every_component_with_its_own_token_works_and_uses_exactly_its_grants(  
         assert res.allocations["main"][GPU]["envs"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8192m"
         ann = api.get("Pod", TENANT_NS, "job")["metadata"]["annotations"]
         assert ann[keys.BIND_PHASE] == "success", ann
-        assert keys.NODE_LOCK not in (api.get("nodes", None, NODE)["metadata"].get("annotations") or {})
+        # the release runs right after Allocate answers, off the kubelet's path
+        assert wait(lambda: keys.NODE_LOCK not in (api.get("nodes", None, NODE)["metadata"].get("annotations")
+                                                   or {}), 10), log.read_text()[-4000:]
 
         # an unschedulable pod: FilteringFailed events, repeated (the correlator patches the count)
         assert cluster.call("tenant", "POST", f"/api/v1/namespaces/{TENANT_NS}/pods",
                             gpu_pod("huge", gpus=1, mem=10 ** 6))[0] == 201
-        assert wait(lambda: any(r.user.username == SCHED_USER and r.attrs and r.attrs.verb == "patch"
-                                and r.attrs.resource == "events" for r in list(api.audit)), 30)
+        # kube-scheduler parks the refused pod until a cluster event: a node label change retries it
+        assert wait(lambda: any(k.endswith("/huge") for k, _m in sim.failures), 30)
+
+        def patched_events() -> bool:
+            api.patch("nodes", None, NODES[1], {"metadata": {"labels": {"retry": str(time.monotonic())}}})
+            return any(r.user.username == SCHED_USER and r.attrs and r.attrs.verb == "patch"
+                       and r.attrs.resource == "events" for r in list(api.audit))
+
+        assert wait(patched_events, 30, step=1.5)
         # leader election renews (lease update) at least once
         assert wait(lambda: any(r.user.username == SCHED_USER and r.attrs and r.attrs.verb == "update"
                                 and r.attrs.resource == "leases" for r in list(api.audit)), 10)

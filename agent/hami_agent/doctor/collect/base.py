@@ -54,6 +54,10 @@ class Context:
     year: int = field(default_factory=lambda: datetime.now().year)
     now: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     collector_timeout_s: float = 30.0
+    # doctor cluster: every node, pod and pod event read once (collect/kube.py ClusterView); the per-node
+    # and per-pod collectors read it instead of the API, so the number of API calls does not grow with
+    # the cluster
+    view: Any = None
 
     def host_path(self, path: str) -> str:
         """``path`` (absolute, as on the node) under ``--host-root``."""

@@ -4,6 +4,8 @@ decoded, handshake age, lock owner and age, allocatable vs capacity, cordon)."""
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -73,7 +75,63 @@ def reasons_in(message: str) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------- cluster view
+@dataclass
+class ClusterView:
+    """What ``doctor cluster`` reads from the API: three paginated lists (nodes, pods, pod events),
+    whatever the size of the cluster. The per-node and per-pod collectors read this instead of making
+    calls of their own (a GET per node, a list of each node's pods and of each pod's events made the number
+    of calls grow with the cluster: 3,000+ calls at 1,000 nodes)."""
+
+    nodes: dict[str, dict] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict] = field(default_factory=dict)
+    pods_by_node: dict[str, list[dict]] = field(default_factory=dict)
+    events_by_pod: dict[tuple[str, str], list[dict]] = field(default_factory=dict)
+    lists: int = 0
+
+    def pending_pods(self) -> list[dict]:
+        out = [p for p in self.pods.values() if (p.get("status") or {}).get("phase", "Pending") == "Pending"]
+        return sorted(out, key=lambda p: ((p.get("metadata") or {}).get("creationTimestamp") or "",
+                                          (p.get("metadata") or {}).get("namespace") or "",
+                                          (p.get("metadata") or {}).get("name") or ""))
+
+
+def list_cluster(client: Any) -> ClusterView:
+    view = ClusterView()
+    nodes, _ = client.list("nodes")
+    pods, _ = client.list("pods")
+    events, _ = client.list("events", field_selector="involvedObject.kind=Pod")
+    view.lists = 3
+    view.nodes = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+    by_node: dict[str, list[dict]] = defaultdict(list)
+    for p in pods:
+        md = p.get("metadata") or {}
+        view.pods[(md.get("namespace") or "default", md.get("name") or "")] = p
+        node = (p.get("spec") or {}).get("nodeName")
+        if node:
+            by_node[node].append(p)
+    view.pods_by_node = dict(by_node)
+    by_pod: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for e in events:
+        io = e.get("involvedObject") or {}
+        by_pod[(io.get("namespace") or "default", io.get("name") or "")].append(e)
+    view.events_by_pod = dict(by_pod)
+    return view
+
+
 # ----------------------------------------------------------------------------------------------- pod
+def _get_pod(ctx: Context, ns: str, name: str) -> dict:
+    """The pod from the cluster view (doctor cluster) or the API; ``NotFoundError`` when it is gone."""
+    from hami_agent.k8s import NotFoundError
+
+    if ctx.view is not None:
+        pod = ctx.view.pods.get((ns, name))
+        if pod is None:
+            raise NotFoundError(404, "NotFound", f'pods "{name}" not found', "get", "pod", f"{ns}/{name}")
+        return pod
+    return ctx.client.get_pod(ns, name)
+
+
 def collect_pod(ctx: Context, facts: Facts) -> None:
     if ctx.client is None:
         raise RuntimeError(ctx.kube_error or "no Kubernetes client")
@@ -83,13 +141,16 @@ def collect_pod(ctx: Context, facts: Facts) -> None:
     from hami_agent.k8s import NotFoundError
 
     try:
-        pod = ctx.client.get_pod(ns, name)
+        pod = _get_pod(ctx, ns, name)
     except NotFoundError as exc:
         facts.set("pod.found", False, f"get pod {ref}: {exc}")
         return
     facts.set("pod.found", True)
     pod_facts(ctx, pod, facts)
-    events, _rv = ctx.client.list("events", ns, field_selector=f"involvedObject.name={name}")
+    if ctx.view is not None:
+        events = list(ctx.view.events_by_pod.get((ns, name), ()))
+    else:
+        events, _rv = ctx.client.list("events", ns, field_selector=f"involvedObject.name={name}")
     uid = (pod.get("metadata") or {}).get("uid")
     events = [e for e in events if not uid or (e.get("involvedObject") or {}).get("uid") in (None, "", uid)]
     event_facts(events, facts)
@@ -205,7 +266,13 @@ def collect_node(ctx: Context, facts: Facts) -> None:
     from hami_agent.k8s import NotFoundError
 
     try:
-        node = ctx.client.get_node(ctx.node_name)
+        if ctx.view is not None:
+            node = ctx.view.nodes.get(ctx.node_name)
+            if node is None:
+                raise NotFoundError(404, "NotFound", f'nodes "{ctx.node_name}" not found', "get", "node",
+                                    ctx.node_name)
+        else:
+            node = ctx.client.get_node(ctx.node_name)
     except NotFoundError as exc:
         facts.set("node.found", False, f"get node {ctx.node_name}: {exc}")
         return
@@ -292,7 +359,7 @@ def lock_owner_facts(ctx: Context, facts: Facts) -> None:
 
     ns, _, name = owner.partition("/")
     try:
-        pod = ctx.client.get_pod(ns, name)
+        pod = _get_pod(ctx, ns, name)
     except NotFoundError:
         facts.set("node.lock.owner_state", "NotFound", f"lock owner pod {owner} does not exist")
         return
@@ -309,7 +376,10 @@ def allocating_pods_facts(ctx: Context, facts: Facts) -> None:
     pods bound here that the HAMi scheduler did not place (no ``hami.io/vgpu-node`` naming this node):
     created with ``spec.nodeName`` or by another scheduler, they make the plugin refuse (no lock owner, or
     an ambiguous admission)."""
-    pods = ctx.client.list_pods(field_selector=f"spec.nodeName={ctx.node_name}")
+    if ctx.view is not None:
+        pods = list(ctx.view.pods_by_node.get(ctx.node_name or "", ()))
+    else:
+        pods = ctx.client.list_pods(field_selector=f"spec.nodeName={ctx.node_name}")
     stuck = []
     bypassed = []
     for pod in pods:

@@ -1,0 +1,34 @@
+"""``doctor cluster`` reads the cluster with a constant number of list calls: the per-node and per-pod
+collectors use the cluster view instead of a GET per node, a list of each node's pods and of each pod's
+events (issue 18 item 6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.doctor_cluster.fleet import populate
+from tests.integration.doctor.helpers import run_doctor
+from tests.sim.apiserver import ApiServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _calls(capsys: pytest.CaptureFixture[str], nodes: int, pods: int) -> tuple[dict[str, int], dict]:
+    with ApiServer(history_limit=100_000) as api:
+        populate(api, nodes, pods, pending=5)
+        api.accounting.reset()
+        _rc, report = run_doctor(capsys, "cluster", "--kubeconfig", api.kubeconfig_path, "--no-local")
+        tally = api.accounting.by(agent_contains=" doctor")
+    return {verb: t.requests for verb, t in tally.items()}, report
+
+
+def test_list_calls_do_not_grow_with_the_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    small, report_small = _calls(capsys, nodes=3, pods=30)
+    large, report_large = _calls(capsys, nodes=30, pods=300)
+    assert small == large == {"list-etcd": 3}  # nodes, pods, pod events: one page each at this size
+    assert len(report_large["children"]) == 30 + 5 and len(report_small["children"]) == 3 + 5
+    pending = [c for c in report_large["children"] if c["command"] == "pod"]
+    facts = pending[0]["facts"]
+    assert facts["events.filtering_failed"] == 1 and facts["pod.found"] is True
+    node = next(c for c in report_large["children"] if c["command"] == "node")
+    assert node["facts"]["node.register.count"] == 8 and node["facts"]["node.pods_on_node"] > 0

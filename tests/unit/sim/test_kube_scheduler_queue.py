@@ -1,0 +1,116 @@
+"""The simulated kube-scheduler's scheduling queue follows kube-scheduler's rules (scheduling_queue.go):
+an extender-refused pod is parked until a cluster event or the 5-minute flush; errors back off; events
+during an attempt send the pod to backoffQ; backoff doubles to its cap; plugins only see their events."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim import kube_scheduler_queue as qu
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def q() -> qu.SchedulingQueue:
+    return qu.SchedulingQueue(clock=Clock())
+
+
+def _attempt(q: qu.SchedulingQueue, key: str = "ns/p") -> qu.QueuedPod:
+    qp = q.pop(timeout=0)
+    assert qp is not None and qp.key == key
+    return qp
+
+
+def test_extender_refusal_parks_the_pod_until_a_cluster_event(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    assert q.failed(_attempt(q), frozenset({qu.EXTENDER})) == qu.UNSCHEDULABLE
+    q.clock.t += 3600
+    q.flush_backoff_completed()
+    assert q.pop(timeout=0) is None  # no retry on a timer: this is what the old simulator got wrong
+    assert q.move_all(qu.ASSIGNED_POD_DELETE) == 1
+    assert q.where("ns/p") == qu.ACTIVE  # its backoff ran out long ago: straight to activeQ
+
+
+def test_a_moved_pod_still_backing_off_waits_in_backoffq(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    q.failed(_attempt(q), frozenset({qu.EXTENDER}))
+    q.clock.t += 0.2
+    q.move_all(qu.NODE_UPDATE)
+    assert q.where("ns/p") == qu.BACKOFF
+    q.clock.t += 0.9  # 1 s after the attempt
+    q.flush_backoff_completed()
+    assert q.where("ns/p") == qu.ACTIVE
+
+
+def test_an_event_during_the_attempt_sends_the_pod_to_backoff(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    qp = _attempt(q)
+    q.move_all(qu.ASSIGNED_POD_DELETE)  # e.g. a GPU freed while /filter was running
+    assert q.failed(qp, frozenset({qu.EXTENDER})) == qu.BACKOFF
+
+
+def test_errors_back_off_and_double_to_the_cap(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    waits = []
+    for _ in range(6):
+        qp = _attempt(q)
+        assert q.failed(qp) == qu.BACKOFF  # no rejector: an error, retried after backoff
+        waits.append(q.backoff_s(qp))
+        q.clock.t += waits[-1]
+        q.flush_backoff_completed()
+    assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_five_minute_flush_of_the_unschedulable_pool(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    q.failed(_attempt(q), frozenset({qu.EXTENDER}))
+    q.clock.t += 299
+    q.flush_unschedulable_leftover()
+    assert q.where("ns/p") == qu.UNSCHEDULABLE
+    q.clock.t += 2
+    q.flush_unschedulable_leftover()
+    assert q.where("ns/p") == qu.ACTIVE
+
+
+def test_the_pods_own_update_moves_it_but_a_status_change_does_not(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    q.failed(_attempt(q), frozenset({qu.EXTENDER}))
+    q.clock.t += 20
+    q.update("ns/p", {"v": 1}, spec_changed=False)
+    assert q.where("ns/p") == qu.UNSCHEDULABLE
+    q.update("ns/p", {"v": 2}, spec_changed=True)
+    assert q.where("ns/p") == qu.ACTIVE
+
+
+def test_plugins_are_moved_only_by_their_events(q: qu.SchedulingQueue) -> None:
+    q.add("ns/fit", {})
+    q.failed(_attempt(q, "ns/fit"), frozenset({qu.NODE_RESOURCES_FIT}))
+    q.clock.t += 20
+    assert q.move_all(qu.NODE_UPDATE) == 0  # an annotation change frees no count
+    assert q.move_all(qu.NODE_ALLOCATABLE) == 1
+
+
+def test_a_binding_failure_moves_the_others_but_not_itself(q: qu.SchedulingQueue) -> None:
+    q.add("ns/a", {})
+    q.add("ns/b", {})
+    q.failed(_attempt(q, "ns/a"), frozenset({qu.EXTENDER}))
+    qb = _attempt(q, "ns/b")
+    q.clock.t += 20
+    q.failed(qb)
+    assert q.move_all(qu.ASSIGNED_POD_DELETE, skip="ns/b") == 1
+    assert q.where("ns/a") == qu.ACTIVE and q.where("ns/b") == qu.BACKOFF
+
+
+def test_deleted_pods_leave_every_queue(q: qu.SchedulingQueue) -> None:
+    q.add("ns/p", {})
+    q.delete("ns/p")
+    assert q.pop(timeout=0) is None and q.empty()
