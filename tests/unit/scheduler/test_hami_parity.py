@@ -138,7 +138,7 @@ def test_mutex_topology_chain_sorts_like_spread():
 
 
 def test_device_score_uses_the_percentage_when_both_are_set():
-    # gpu_policy.go:207-213 ComputeScore: MemPercentagereq (not 0, not 101) wins over Memreq. The score
+    # gpu_policy.go:209-213 ComputeScore: MemPercentagereq (not 0, not 101) wins over Memreq. The score
     # used the MiB request. (The request term counts only when the device type is the request's, "NVIDIA".)
     d = dev(0, mem=8000, type_="NVIDIA", count=10)
     both = device_score(d, req(mem=1000, pct=50))
@@ -210,8 +210,8 @@ def _pod_on(node: str, name: str, devices: str, mig: str | None) -> dict:
 
 
 def test_a_mig_gpu_whose_reservation_is_missing_is_unhealthy():
-    # scheduler.go:797-803 getNodesUsage: a pod using a MIG GPU without a matching profile/placement
-    # reservation marks the GPU unhealthy; 787-793: a reservation on a hami-core GPU does too. Both GPUs
+    # scheduler.go:799-802 getNodesUsage: a pod using a MIG GPU without a matching profile/placement
+    # reservation marks the GPU unhealthy; 788-793: a reservation on a hami-core GPU does too. Both GPUs
     # used to stay healthy.
     cache = UsageCache()
     cache.set_node("n1", [mig_dev(0, uuid="GPU-m"), dev(1, uuid="GPU-h", mem=81920)])
