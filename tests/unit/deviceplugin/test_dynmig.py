@@ -10,10 +10,10 @@ from hami_agent.deviceplugin.podsource import MemoryPodSource
 from hami_agent.nvml.errors import NvmlTimeout
 from hami_agent.nvml.mig import DiscoveredProfile, LiveInstance, MigInUse
 from hami_agent.protocol import MigPlacement, keys
-from hami_agent.protocol.mig import MigAllocation, encode_mig_allocations
+from hami_agent.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 
 pytestmark = pytest.mark.unit
-GPU = "GPU-a"
+GPU = "GPU-0a0a0a0a-aaaa-bbbb-cccc-000000000000"  # the real form: replica IDs are <uuid>-<n>
 NODE = "gpu-1"
 
 
@@ -173,3 +173,72 @@ def test_failed_destroys_back_off(env):
     mig.reconcile()  # t=101: skipped
     mig.reconcile()  # t=106: tried again
     assert nvml.destroy_calls == [inst.gi_id, inst.gi_id]
+
+
+# ------------------------------------------------------------------------- Allocate in operatingmode mig
+def _mig_env(tmp_path):
+    from hami_agent.deviceplugin.allocator import Allocator
+    from hami_agent.deviceplugin.devices import plan_resources
+    from hami_agent.deviceplugin.settings import PluginSettings
+    from tests.unit.deviceplugin.fakes import FakeGpu, FakeSnapshot, node_register
+
+    settings = PluginSettings(node_name=NODE, mode="mig", device_split_count=4,
+                              hook_path=str(tmp_path / "usr-local"), vgpu_lock_dir=str(tmp_path / "lock"))
+    nvml, pods = FakeMigNvml(), MemoryPodSource(NODE)
+    pods.node_annotations[keys.NODE_REGISTER] = node_register([GPU], count=7, devmem=81920)
+    mig = DynamicMig(nvml, pods, lambda model: ["1g.10gb", "3g.40gb"])
+    mig.discover([Gpu()])
+    plan = plan_resources(FakeSnapshot(gpus=(FakeGpu(0, GPU, name=Gpu.name, mig_enabled=True),)),
+                          settings)["nvidia.com/gpu"]
+    return Allocator(settings, pods, mig=mig), pods, nvml, plan
+
+
+def _scheduled_mig_pod(pods, name="m"):
+    from tests.unit.deviceplugin.fakes import ctr, hami_pod, lock_value
+
+    pod = hami_pod(name, NODE, [ctr("c", 1)], f"{GPU},NVIDIA,9728,15:;")
+    pod["metadata"]["annotations"][keys.MIG_ALLOCATIONS] = encode_mig_allocations([_alloc(6)])
+    pods.add_pod(pod)
+    pods.node_annotations[keys.NODE_LOCK] = lock_value(name)
+    return pod
+
+
+def test_allocate_creates_the_reserved_instance_and_records_it_in_the_success_write(tmp_path):
+    # HAMi GetContainerDeviceStrArray + annotateMigRuntimeInfo (plugin/util.go, server.go): the MIG UUID
+    # is the container's device; here its identity lands in the same conditional write as bind-phase
+    alloc, pods, nvml, plan = _mig_env(tmp_path)
+    try:
+        _scheduled_mig_pod(pods)
+        [resp] = alloc.allocate(plan, [[f"{GPU}-0"]])
+        (inst,) = nvml.live.values()
+        assert resp.envs == {"NVIDIA_VISIBLE_DEVICES": inst.mig_uuid} and resp.mounts == []
+        [(_ns, _name, changes)] = pods.patches
+        assert changes[keys.BIND_PHASE] == "success"
+        (rec,) = decode_mig_allocations(changes[keys.MIG_ALLOCATIONS])
+        assert (rec.mig_uuid, rec.gpu_instance_id, rec.compute_instance_id) == (inst.mig_uuid, inst.gi_id, 0)
+    finally:
+        alloc.close()
+
+
+def test_an_allocate_whose_success_write_may_have_landed_gives_everything_back(tmp_path):
+    # the write timed out (outcome unknown): the kubelet gets an error, the failure record restores
+    # to-allocate and the reservation without runtime identity, and the instance is destroyed
+    from hami_agent.deviceplugin.errors import AllocationError
+
+    alloc, pods, nvml, plan = _mig_env(tmp_path)
+    try:
+        pod = _scheduled_mig_pod(pods)
+        before = dict(pod["metadata"]["annotations"])
+        pods.fail_writes = TimeoutError("timed out after 1s")
+        with pytest.raises(AllocationError, match="timed out"):
+            alloc.allocate(plan, [[f"{GPU}-0"]])
+        pods.fail_writes = None
+        assert alloc.writer.wait_idle(10)
+        ann = pods.pods[("default", "m")]["metadata"]["annotations"]
+        assert ann[keys.BIND_PHASE] == "failed"
+        assert ann[keys.MIG_ALLOCATIONS] == before[keys.MIG_ALLOCATIONS]
+        assert ann[keys.DEVICES_TO_ALLOCATE] == before[keys.DEVICES_TO_ALLOCATE]
+        alloc.mig.reconcile()
+        assert nvml.live == {}
+    finally:
+        alloc.close()

@@ -241,3 +241,21 @@ def test_reservations_of_running_pods_occupy_their_placements():
     cache.add_pod(PodUsage("b", "default", "b", "n1", {}, mig_alloc={"GPU-m": (MigPlacement(0, 4),)}))
     dec = cache.decide(["n1"], preq(req(mem=30000)), pod_context({}))
     assert dec.node is None and dec.failed["n1"] == "1/1 CardMigTopologyInfeasible"
+
+
+def test_a_decision_without_mig_removes_a_stale_reservation():
+    # deliberate difference: HAMi's PatchAnnotations leaves an old hami.io/vgpu-mig-allocations in place
+    # (its placements would stay occupied); a new decision without MIG removes it in the same write
+    cache = UsageCache()
+    cache.set_node("n1", [dev(0, mem=81920)])
+    client = FakePodClient()
+    ext = Extender(cache, SchedulerConfig(), client)
+    ext.synced.set()
+    try:
+        stale = '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-x","profile":"1g.10gb",' \
+                '"placement":{"start":6,"size":1}}]'
+        pod = client.add(gpu_pod("p", mem=1000, annotations={keys.MIG_ALLOCATIONS: stale}))
+        assert ext.filter({"Pod": pod, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+        assert keys.MIG_ALLOCATIONS not in client.pods[("default", "p")]["metadata"]["annotations"]
+    finally:
+        ext.healer.stop()
