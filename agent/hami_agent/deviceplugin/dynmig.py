@@ -178,6 +178,10 @@ class DynamicMig:
                 raise MigAllocateError(f"create MIG {a.profile} at {{start:{a.placement.start} size:"
                                        f"{a.placement.size}}} on {a.gpu_uuid}: {exc}") from exc
             except MigNvmlError as exc:
+                found = (self._adopt_at(key, timeout_s) if exc.code == NVML_ERROR_INSUFFICIENT_RESOURCES
+                         else None)
+                if found is not None:
+                    return found
                 raise MigAllocateError(f"create GI profile={a.profile} placement={{start:{a.placement.start} "
                                        f"size:{a.placement.size}}} on {a.gpu_uuid}: {exc}") from exc
             except NvmlError as exc:
@@ -196,6 +200,27 @@ class DynamicMig:
             return inst
         finally:
             self._lock.release()
+
+    def _adopt_at(self, key: Key, timeout_s: float) -> LiveInstance | None:
+        """The placement is taken: if by an idle instance of exactly this profile that no active pod has
+        recorded (one a crashed Allocate made for this reservation), it is this reservation's instance
+        (HAMi: "repeated allocation requests converge on the same managed instance")."""
+        active, why = self._active()
+        if why:
+            return None
+        try:
+            live = self.nvml.instances(key[0], timeout_s)
+        except NvmlError:
+            return None
+        recorded = {a.mig_uuid for a in active.values() if a.has_runtime}
+        for inst in live:
+            if (inst.key == key and inst.mig_uuid and inst.ci_id is not None and inst.processes == 0
+                    and inst.mig_uuid not in recorded):
+                self._owned[key] = inst
+                logger.info("adopted idle MIG instance %s at the reserved placement of %s", inst.mig_uuid,
+                            key)
+                return inst
+        return None
 
     def abandon(self, instances: list[LiveInstance], why: str) -> None:
         """Instances created by an Allocate that did not commit: destroyed at the next check, whatever
@@ -254,7 +279,7 @@ class DynamicMig:
             for key, a in active.items():
                 if a.has_runtime and key not in self._owned:
                     st.missing.append(f"{a.mig_uuid} ({a.profile} at {a.placement.start} on {a.gpu_uuid})")
-            if st.missing:
+            if st.missing and st.missing != self.status.missing:  # once per change, not every check
                 logger.error("expected MIG instance(s) missing: %s", ", ".join(st.missing))
             self.status = st
             return st

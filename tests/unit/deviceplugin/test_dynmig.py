@@ -242,3 +242,24 @@ def test_an_allocate_whose_success_write_may_have_landed_gives_everything_back(t
         assert nvml.live == {}
     finally:
         alloc.close()
+
+
+def test_an_idle_instance_at_the_reserved_placement_is_adopted_not_refused(env):
+    # a previous process created it and died before its success write: the placement is taken, so the
+    # create answers INSUFFICIENT_RESOURCES; the reservation's Allocate takes the instance over
+    from hami_agent.nvml.mig import MigNvmlError
+
+    mig, nvml, pods = env
+    nvml.live[5] = LiveInstance(GPU, 5, "1g.10gb", 6, 1, 0, "MIG-left-over")
+
+    def taken(*_a, **_k):
+        raise MigNvmlError("Insufficient resources for request", call="mig_create", code=23)
+    nvml.create = taken  # type: ignore[method-assign]
+    pods.add_pod(_pod("p", [_alloc(6)], phase="Pending"))
+    assert mig.ensure(_alloc(6), 5.0, []).mig_uuid == "MIG-left-over"
+    pods.pods.clear()
+    pods.add_pod(_pod("q", [_alloc(6, runtime=LiveInstance(GPU, 5, "1g.10gb", 6, 1, 0, "MIG-left-over"))]))
+    other = DynamicMig(nvml, pods, lambda model: ["1g.10gb"])
+    other.discover([Gpu()])
+    with pytest.raises(MigAllocateError, match="Insufficient"):  # recorded by a running pod: not taken
+        other.ensure(_alloc(6), 5.0, [])
