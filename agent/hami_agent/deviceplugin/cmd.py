@@ -237,7 +237,7 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
     if client is not None and not args.no_node_register:
         from hami_agent.deviceplugin.register import NodeRegistrar
 
-        # The annotation must advertise the mode this plugin actually serves (dynamic MIG is not served).
+        # The annotation advertises the mode this plugin serves (mig: the profiles dynamic MIG discovered).
         registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg,
                                   mode=settings.mode, mig_profiles=mig.profiles if mig is not None else None)
         registrar_thread = registrar.start(stop)
