@@ -268,8 +268,19 @@ def _mig_allowlist(where: str, value: Any) -> tuple[MigProfileAllowlistEntry, ..
         if not isinstance(item, dict):
             raise _fail(w, item, "use {models: [...], profiles: [...]}")
         got = _casefold_keys(item)
-        out.append(MigProfileAllowlistEntry(models=_str_list(f"{w}.models", got.get("models")),
-                                            profiles=_str_list(f"{w}.profiles", got.get("profiles"))))
+        entry = MigProfileAllowlistEntry(models=_str_list(f"{w}.models", got.get("models")),
+                                         profiles=_str_list(f"{w}.profiles", got.get("profiles")))
+        # HAMi's ValidateMigProfileAllowlist (Project-HAMi/HAMi pkg/device/nvidia/mig_profiles.go): its
+        # scheduler and device plugin refuse to start on these; so does the agent, naming the entry
+        if not entry.models or not entry.profiles:
+            raise _fail(w, item, "MIG profile allowlist must define models and profiles, e.g. "
+                        "{models: [A100-SXM4-80GB], profiles: [1g.10gb, 3g.40gb]}")
+        for j, prof in enumerate(entry.profiles):
+            head, dot, _rest = prof.partition(".")
+            if not dot or len(head) < 2 or not head.endswith("g"):
+                raise _fail(f"{w}.profiles[{j}]", prof,
+                            f'invalid MIG profile "{prof}": use <slices>g.<memory>, e.g. 1g.10gb')
+        out.append(entry)
     return tuple(out)
 
 
@@ -504,6 +515,16 @@ def build_config(documents: list[dict[str, Any]], node_name: str | None,
     node = replace(node, **node_vals)
     if node.operating_mode == keys.MODE_MIG and node.device_memory_scaling != 1.0:
         warnings.append("deviceMemoryScaling is ignored in mig mode (MIG memory is not oversubscribed)")
+    if node.operating_mode == keys.MODE_MIG and not nvidia.mig_profile_allowlist:
+        warnings.append("operatingmode mig without nvidia.migProfileAllowlist: no GPU can be served (HAMi "
+                        "v2.10 publishes only allowlisted MIG profiles); add "
+                        "{models: [...], profiles: [...]}")
+    if nvidia.known_mig_geometries and not nvidia.mig_profile_allowlist:
+        union = sorted({e.name for g in nvidia.known_mig_geometries for geo in g.allowed_geometries
+                        for e in geo})
+        warnings.append("nvidia.knownMigGeometries is HAMi's legacy (<= v2.9) MIG layout list and is not "
+                        "used for dynamic MIG; HAMi v2.10 reads nvidia.migProfileAllowlist (its migration "
+                        f"guide: take the union of the geometries' profile names, here {union})")
     for w in warnings:
         logger.warning("%s", w)
     return AgentConfig(nvidia=nvidia, node=node, agent=agent, node_name=node_name, source=source,

@@ -34,14 +34,16 @@ from hami_agent import log
 from hami_agent.deviceplugin.budget import BudgetExhausted, LateCommit, RpcBudget
 from hami_agent.deviceplugin.capacity import check_capacity, held_by_others, registered_devices
 from hami_agent.deviceplugin.devices import KIND_MIG, ResourcePlan, physical_id
+from hami_agent.deviceplugin.dynmig import DynamicMig, MigAllocateError
 from hami_agent.deviceplugin.errors import AllocationError, Refused
 from hami_agent.deviceplugin.latewriter import LateWriter
 from hami_agent.deviceplugin.owner import LockOwner, annotations, find_lock_owner, rivals
 from hami_agent.deviceplugin.podsource import PodChanged, PodSource, PodSourceError
-from hami_agent.deviceplugin.settings import MODE_MPS, PluginSettings
+from hami_agent.deviceplugin.settings import MODE_MIG, MODE_MPS, PluginSettings
 from hami_agent.protocol import keys
 from hami_agent.protocol.devices import ContainerDevice, decode_pod_devices, encode_pod_devices
 from hami_agent.protocol.errors import ProtocolError
+from hami_agent.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 
 logger = logging.getLogger(__name__)
 
@@ -122,13 +124,68 @@ def _remember_bounded(store: collections.OrderedDict, key: str, value: object) -
         store.popitem(last=False)
 
 
+class MigRealizer:
+    """Allocate's MIG half for one pod (HAMi ``GetContainerDeviceStrArray`` + ``annotateMigRuntimeInfo``,
+    Project-HAMi/HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/util.go`` and ``server.go``):
+    the container's reservations (by container index, in device order) must match its devices; each gets
+    its instance, within what is left of the budget after the success write's margin; the MIG UUIDs are
+    the container's devices, and the runtime identity goes into the annotation the success write sets."""
+
+    def __init__(self, mig: DynamicMig | None, pod: dict, who: object, budget: RpcBudget | None,
+                 settings: PluginSettings, created: list | None) -> None:
+        if mig is None:
+            raise AllocationError("operatingmode mig: dynamic MIG is not running on this plugin")
+        self.mig, self.who, self.budget, self.settings = mig, who, budget, settings
+        self.created = created if created is not None else []
+        try:
+            self.allocs = decode_mig_allocations(annotations(pod).get(keys.MIG_ALLOCATIONS) or "")
+        except ProtocolError as exc:
+            raise AllocationError(f"decode scheduler MIG allocations: pod {who}: {exc}") from exc
+
+    def _timeout(self) -> float:
+        if self.budget is None:
+            return 10.0
+        s = self.settings
+        left = self.budget.remaining() - s.commit_margin_s - s.rpc_reply_margin_s
+        if left < 0.05:
+            raise BudgetExhausted(f"{self.budget.what}: no time left to create the MIG instance")
+        return left
+
+    def realize(self, index: int, ctr: dict, devreq: Sequence[ContainerDevice]) -> list[str]:
+        mine = sorted((a for a in self.allocs if a.container_index == index), key=lambda a: a.device_index)
+        name = ctr.get("name")
+        if len(mine) != len(devreq):
+            raise AllocationError(f"container {name} has {len(mine)} MIG reservations, requested "
+                                  f"{len(devreq)} devices")
+        out = []
+        for a, d in zip(mine, devreq, strict=True):
+            if a.gpu_uuid != d.uuid:
+                raise AllocationError(f"MIG reservation GPU {a.gpu_uuid} does not match allocated GPU "
+                                      f"{d.uuid}")
+            try:
+                inst = self.mig.ensure(a, self._timeout(), self.created)
+            except MigAllocateError as exc:
+                raise AllocationError(f"pod {self.who} container {name}: {exc}") from exc
+            self.allocs = [MigAllocation(x.container_index, x.device_index, x.gpu_uuid, x.profile,
+                                         x.placement, inst.mig_uuid, inst.gi_id, inst.ci_id) if x == a else x
+                           for x in self.allocs]
+            out.append(str(inst.mig_uuid))
+        return out
+
+    def annotation(self) -> str:
+        return encode_mig_allocations(self.allocs)
+
+
 class Allocator:
     """Serves one node. Thread-safe; Allocate calls are serialized (as in HAMi)."""
 
     def __init__(self, settings: PluginSettings, pods: PodSource,
-                 clock: Callable[[], float] = time.monotonic, writer: LateWriter | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, writer: LateWriter | None = None,
+                 mig: DynamicMig | None = None) -> None:
+        """``mig``: the node's dynamic-MIG instances (``operatingmode: mig``)."""
         self.settings = settings
         self.pods = pods
+        self.mig = mig
         self._clock = clock
         self.writer = writer or LateWriter(settings.late_write_timeout_s)
         self._serial = threading.Lock()
@@ -269,22 +326,29 @@ class Allocator:
         except (BudgetExhausted, PodSourceError) as exc:
             raise AllocationError(f"failed to get pending pod: {exc}") from exc
         raw = annotations(owner.pod).get(keys.DEVICES_TO_ALLOCATE, "")
+        raw_mig = annotations(owner.pod).get(keys.MIG_ALLOCATIONS)
         sent = False
+        created: list = []  # MIG instances this call made: given back unless it commits
         try:
-            responses, changes, done = self._prepare(plan, owner, requests)
+            responses, changes, done = self._prepare(plan, owner, requests, budget, created)
+            expect = {keys.DEVICES_TO_ALLOCATE: raw, keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING}
+            if keys.MIG_ALLOCATIONS in changes and raw_mig is not None:
+                expect[keys.MIG_ALLOCATIONS] = raw_mig
 
             def write(timeout_s: float) -> None:
                 nonlocal sent
                 sent = True
                 # conditional on the uid and on exactly what the allocation was computed from: a late
                 # arrival after a failure record (bind-phase=failed) is refused by the API server
-                self.pods.patch_pod_if(owner.ref, {keys.DEVICES_TO_ALLOCATE: raw,
-                                                   keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING},
-                                       changes, timeout_s)
+                self.pods.patch_pod_if(owner.ref, expect, changes, timeout_s)
 
             result = budget.commit(write, responses)
         except BaseException as exc:
-            self._record_failure(owner, raw if sent and _may_have_landed(exc) else None, exc)
+            landed = sent and _may_have_landed(exc)
+            if self.mig is not None:
+                self.mig.abandon(created, f"Allocate for pod {owner.ref} failed: {exc}")
+            self._record_failure(owner, raw if landed else None, exc,
+                                 raw_mig if landed and raw_mig is not None else None)
             if isinstance(exc, AllocationError):
                 raise
             if isinstance(exc, (BudgetExhausted, LateCommit, PodSourceError)):
@@ -293,9 +357,11 @@ class Allocator:
         self._committed(owner, changes, requests, done)
         return result
 
-    def _prepare(self, plan: ResourcePlan, owner: LockOwner, requests: Sequence[Sequence[str]]
+    def _prepare(self, plan: ResourcePlan, owner: LockOwner, requests: Sequence[Sequence[str]],
+                 budget: RpcBudget | None = None, created: list | None = None
                  ) -> tuple[list[ContainerResponse], dict[str, str], bool]:
-        """Everything but the write: checks, the responses, and the annotations to commit."""
+        """Everything but the write: checks, the responses, and the annotations to commit. In mig mode
+        the MIG instances are created here (``created`` collects them for a rollback)."""
         pod, who, node = owner.pod, owner.ref, self.settings.node_name
         ann = annotations(pod)
         try:
@@ -312,6 +378,9 @@ class Allocator:
         node_uuids = {d.physical_uuid for d in plan.devices}
         reusable = self._handed_to(who.uid)
         responses = []
+        mig = None
+        if self.settings.mode == MODE_MIG:
+            mig = MigRealizer(self.mig, pod, who, budget, self.settings, created)
         for ids in requests:
             idx = next((i for i, c in enumerate(containers) if any(_is_nvidia(d) for d in c)), None)
             if idx is None:
@@ -335,11 +404,16 @@ class Allocator:
                         f"pod {who}: device {d.uuid} in {keys.DEVICES_TO_ALLOCATE} is not a "
                         f"'{plan.resource_name}' device of node {node}")
             self._check_kubelet_choice(who, ctr, ids, devreq, reusable)
-            if self.settings.mode == MODE_MPS:
+            if mig is not None:
+                responses.append(ContainerResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(
+                    mig.realize(idx, ctr, devreq))}))
+            elif self.settings.mode == MODE_MPS:
                 responses.append(self._mps_response(plan, devreq))
             else:
                 responses.append(self._hami_core_response(pod, ctr, devreq))
         changes = {keys.DEVICES_TO_ALLOCATE: encode_pod_devices(containers)}
+        if mig is not None:
+            changes[keys.MIG_ALLOCATIONS] = mig.annotation()
         done = not any(_is_nvidia(d) for c in containers for d in c)
         if done:
             changes[keys.BIND_PHASE] = keys.BIND_PHASE_SUCCESS
@@ -375,14 +449,18 @@ class Allocator:
             self._release_later(owner)
             log.v(logger, 4, "pod %s: all devices allocated, bind-phase=success", owner.ref)
 
-    def _record_failure(self, owner: LockOwner, restore: str | None, exc: BaseException) -> None:
-        """After an error answer for the lock owner: ``bind-phase=failed`` (with ``to-allocate`` restored
-        when a success write may have landed) and the lock released, both off the RPC path."""
+    def _record_failure(self, owner: LockOwner, restore: str | None, exc: BaseException,
+                        restore_mig: str | None = None) -> None:
+        """After an error answer for the lock owner: ``bind-phase=failed`` (with ``to-allocate`` and the
+        MIG reservations restored when a success write may have landed) and the lock released, both off
+        the RPC path."""
         ref = owner.ref
         logger.error("Allocate failed for pod %s: %s", ref, exc)
         changes = {keys.BIND_PHASE: keys.BIND_PHASE_FAILED}
         if restore is not None:
             changes[keys.DEVICES_TO_ALLOCATE] = restore
+        if restore_mig is not None:
+            changes[keys.MIG_ALLOCATIONS] = restore_mig
         self._remember(ref.uid, changes)
         self._settle(ref.uid, keys.BIND_PHASE_FAILED)
 

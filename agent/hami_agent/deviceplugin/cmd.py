@@ -28,8 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-timeout", type=float, default=None,
                    help="cap in seconds of one API lookup on a kubelet RPC path (default 1); every call gets "
                         "at most what is left of --rpc-deadline, the success write all of it")
-    p.add_argument("--mode", choices=("hami-core", "mps"), default=None,
-                   help="sharing mode of full GPUs (default: node config operatingmode, else hami-core)")
+    p.add_argument("--mode", choices=("hami-core", "mps", "mig"), default=None,
+                   help="hami-core / mps sharing of full GPUs, or mig: dynamic MIG instances created per pod "
+                        "at Allocate (default: node config operatingmode, else hami-core)")
     p.add_argument("--mig-strategy", choices=("none", "single", "mixed"), default=None,
                    help="how statically partitioned MIG devices are advertised (default none)")
     p.add_argument("--resource-name", default=None, help="resource of full GPUs (default nvidia.com/gpu)")
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvml-call-timeout", type=float, default=None, help="NVML call deadline (default 5)")
     p.add_argument("--nvml-refresh-interval", type=float, default=None,
                    help="seconds between NVML inventory refreshes (default 10)")
+    p.add_argument("--mig-reconcile-interval", type=float, default=5.0,
+                   help="operatingmode mig: seconds between checks that destroy the MIG instances of pods "
+                        "that are gone (HAMi: 5)")
     p.add_argument("--standalone", action="store_true",
                    help="run without the Kubernetes API (no node registration; hami-core Allocate then "
                         "refuses with 'no binding pod found': no node lock names a pod; MIG resources work)")
@@ -78,7 +82,7 @@ def build_settings(args: argparse.Namespace, cfg: Any) -> Any:
         node_name=args.node_name or "",
         device_plugin_dir=pick(args.device_plugin_dir, agent.device_plugin_dir),
         resource_name=pick(args.resource_name, cfg.nvidia.resource_count_name),
-        mode=pick(args.mode, node.operating_mode if node.operating_mode == "mps" else "hami-core"),
+        mode=pick(args.mode, node.operating_mode),
         mig_strategy=pick(args.mig_strategy, node.mig_strategy or "none"),
         device_split_count=pick(args.device_split_count, node.device_split_count),
         device_memory_scaling=node.device_memory_scaling,
@@ -101,6 +105,7 @@ def build_settings(args: argparse.Namespace, cfg: Any) -> Any:
         plugins_registry_dir=args.plugins_registry_dir,
         mig_apply_lock=pick(args.mig_apply_lock, agent.mig_apply_lock_path),
         mig_apply_lock_permissive=bool(getattr(args, "mig_apply_lock_permissive", False)),
+        mig_reconcile_interval_s=getattr(args, "mig_reconcile_interval", 5.0),
     )
 
 
@@ -149,6 +154,38 @@ def build_clients(args: argparse.Namespace, api_timeout_s: float,
     client = KubeClient.from_kubeconfig(args.kubeconfig, timeout_s=background_timeout_s,
                                         component="device-plugin", qps=DEFAULT_QPS, burst=DEFAULT_BURST)
     return client, client.with_options(timeout_s=api_timeout_s, attempts=1, limiter=None)
+
+
+def _dynamic_mig(args: argparse.Namespace, cfg: Any, settings: Any, pods: Any) -> Any:
+    """The node's dynamic-MIG instance manager, with its own long-lived NVML worker (a hung create never
+    stalls the inventory the supervisor keeps)."""
+    from hami_agent.deviceplugin.dynmig import DynamicMig
+    from hami_agent.deviceplugin.register import allowed_mig_profile_names
+    from hami_agent.nvml.client import NvmlClient
+    from hami_agent.nvml.mig import MigNvml
+
+    client = NvmlClient(args.nvml_lib or cfg.agent.nvml_lib or None,
+                        call_timeout_s=settings.mig_nvml_timeout_s)
+    allowlist = cfg.nvidia.mig_profile_allowlist
+    return DynamicMig(MigNvml(client), pods, lambda model: allowed_mig_profile_names(allowlist, model),
+                      interval_s=settings.mig_reconcile_interval_s,
+                      nvml_timeout_s=settings.mig_nvml_timeout_s)
+
+
+def _run_dynamic_mig(mig: Any, manager: Any, stop: threading.Event) -> None:
+    """Discover the MIG profiles once the inventory is known (retried every 5 s until one GPU has
+    profiles), then keep the instances reconciled until ``stop``."""
+    while not stop.is_set():
+        snap = manager.current_snapshot()
+        gpus = [g for g in getattr(snap, "gpus", ()) or () if getattr(g, "mig_capable", False)]
+        if getattr(snap, "status", "") == "ok":
+            skipped = mig.discover(gpus)
+            for uuid, why in sorted(skipped.items()):
+                logger.warning("GPU %s is not served in operatingmode mig: %s", uuid, why)
+            if mig.gpus():
+                break
+        stop.wait(5.0)
+    mig.run(stop)
 
 
 def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
@@ -202,7 +239,10 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         metrics.nvml.target = nvml_registry
         return sup
 
-    manager = DevicePluginManager(settings, source_factory, pods, metrics)
+    mig = None
+    if settings.mode == "mig":
+        mig = _dynamic_mig(args, cfg, settings, pods)
+    manager = DevicePluginManager(settings, source_factory, pods, metrics, mig=mig)
     ops = None
     bind = args.metrics_bind if args.metrics_bind is not None else agent.metrics_bind
     if bind and bind != "none":
@@ -216,13 +256,17 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
     if client is not None and not args.no_node_register:
         from hami_agent.deviceplugin.register import NodeRegistrar
 
-        # The annotation must advertise the mode this plugin actually serves (dynamic MIG is not served).
+        # The annotation advertises the mode this plugin serves (mig: the profiles dynamic MIG discovered).
         # The node is read from the node watch (no GET every 30 s); a change by someone else wakes the loop.
         registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg,
                                   mode=settings.mode, mig_lock=manager.mig_lock,  # the plugin's lock and rule
-                                  node_source=lambda: node_inf.get(None, settings.node_name))
+                                  node_source=lambda: node_inf.get(None, settings.node_name),
+                                  mig_profiles=mig.profiles if mig is not None else None)
         node_inf.add_handler(on_add=registrar.node_changed, on_update=lambda _o, n: registrar.node_changed(n))
         registrar_thread = registrar.start(stop)
+    if mig is not None:
+        threading.Thread(target=_run_dynamic_mig, args=(mig, manager, stop), name="dynamic-mig-start",
+                         daemon=True).start()
 
     def on_term(signum: int, _frame: Any) -> None:
         logger.info("received signal %d, shutting down", signum)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hami_agent.deviceplugin.settings import MODE_MPS, PluginSettings
+from hami_agent.deviceplugin.settings import MODE_MIG, MODE_MPS, PluginSettings
 
 KIND_SHARED = "shared"  # replicas of a full GPU (hami-core or MPS mode)
 KIND_MIG = "mig"        # one statically partitioned MIG device per ID
@@ -111,6 +111,13 @@ def plan_resources(snapshot: Any, settings: PluginSettings,
     full_gpus = [g for g in gpus if not g.mig_enabled]
     mig_gpus = [g for g in gpus if g.mig_enabled]
 
+    if settings.mode == MODE_MIG:
+        # dynamic MIG: a MIG-enabled GPU is shared as replicas like a full GPU, each pod's instance is
+        # created at Allocate. GPUs with MIG disabled are not served (HAMi would switch MIG on itself).
+        for gpu in full_gpus:
+            notes.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG disabled: not served in operatingmode mig "
+                         "(enable MIG with the nvidia_mig role)")
+        full_gpus, mig_gpus = mig_gpus, []
     if mig_gpus and settings.mig_strategy == "single" and full_gpus:
         raise PlanError(
             "mig-strategy single needs every GPU in the same MIG mode, but GPUs "

@@ -141,12 +141,14 @@ class DevicePluginManager:
     """Runs the device plugin until ``stop()``; ``run()`` returns the process exit code."""
 
     def __init__(self, settings: PluginSettings, source_factory: Callable[[], Any], pods: PodSource,
-                 metrics: PluginMetrics | None = None) -> None:
+                 metrics: PluginMetrics | None = None, mig: Any = None) -> None:
+        """``mig``: a ``dynmig.DynamicMig`` in operatingmode mig."""
         settings.validate()
         self.settings = settings
         self.source_factory = source_factory
         self.metrics = metrics or PluginMetrics()
-        self.allocator = Allocator(settings, pods)
+        self.mig = mig
+        self.allocator = Allocator(settings, pods, mig=mig)
         self.runner = DeadlineRunner(settings.rpc_workers, settings.rpc_deadline_s,
                                      reply_margin_s=settings.rpc_reply_margin_s,
                                      commit_margin_s=settings.commit_margin_s,

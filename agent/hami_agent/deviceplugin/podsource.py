@@ -195,6 +195,11 @@ class K8sPodSource:
         return [p for p in self.pod_informer.list()
                 if (p.get("spec") or {}).get("nodeName") == self.node_name]
 
+    def pods_synced(self) -> bool:
+        """True once the pod informer has listed every pod of the node (dynamic MIG destroys nothing
+        before: an incomplete cache cannot prove an instance unused)."""
+        return bool(self.pod_informer.wait_synced(0))
+
     def cached_node(self) -> dict | None:
         if self.node_informer is None:
             return None

@@ -119,10 +119,14 @@ def allowed_mig_profile_names(allowlist: Sequence[MigProfileAllowlistEntry], mod
     return names
 
 
-def build_node_devices(snapshot: Any, config: AgentConfig,
-                       mode: str | None = None) -> tuple[list[NodeDevice], list[SkippedGpu]]:
-    """Reference §1.1 "How the plugin fills each field", from an NVML ``Snapshot`` and the config.
-    ``mode`` overrides the node's ``operatingmode`` (the device plugin passes the mode it serves)."""
+def build_node_devices(snapshot: Any, config: AgentConfig, mode: str | None = None,
+                       mig_profiles: Callable[[str], tuple[MigProfile, ...]] | None = None,
+                       ) -> tuple[list[NodeDevice], list[SkippedGpu]]:
+    """HAMi's ``getAPIDevices`` (Project-HAMi/HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/
+    register.go``) from an NVML ``Snapshot`` and the config. ``mode`` overrides the node's
+    ``operatingmode`` (the device plugin passes the mode it serves). ``mig_profiles(uuid)``: the profiles
+    dynamic MIG discovered through NVML for a GPU (allowlisted); in mig mode only those are published,
+    ``count`` = the largest instance count, memory unscaled, 100 cores, as HAMi does."""
     node: NodeConfig = config.node
     mode = mode or node.operating_mode or keys.MODE_HAMI_CORE
     nvml_ok = getattr(snapshot, "status", "ok") == "ok"
@@ -136,7 +140,15 @@ def build_node_devices(snapshot: Any, config: AgentConfig,
         numa = gpu.numa if isinstance(gpu.numa, int) and gpu.numa > 0 else 0
         healthy = bool(gpu.healthy) and nvml_ok
         if mode == keys.MODE_MIG:
-            profiles = tuple(getattr(gpu, "mig_profiles", ()) or ())
+            if mig_profiles is not None:
+                profiles = mig_profiles(gpu.uuid)
+                if not profiles:
+                    skipped.append(SkippedGpu(gpu.index, gpu.uuid, "no MIG profile discovered (MIG mode off, "
+                                              "model not in nvidia.migProfileAllowlist, or NVML failed: see "
+                                              "the device plugin log)"))
+                    continue
+            else:
+                profiles = tuple(getattr(gpu, "mig_profiles", ()) or ())
             if not profiles:
                 allowed = allowed_mig_profile_names(config.nvidia.mig_profile_allowlist, name)
                 profiles = mig_profiles_from_names(allowed, gpu.memory_mib)
@@ -195,7 +207,8 @@ class NodeRegistrar:
                  *, interval_s: float | None = None, retry_s: float | None = None,
                  mode: str | None = None, clock: Callable[[], float] = time.monotonic,
                  mig_lock: MigApplyLock | None = None,
-                 node_source: Callable[[], dict[str, Any] | None] | None = None) -> None:
+                 node_source: Callable[[], dict[str, Any] | None] | None = None,
+                 mig_profiles: Callable[[str], tuple[MigProfile, ...]] | None = None) -> None:
         """``node_source``: this node from a watch cache (an ``Informer`` of ``metadata.name=<node>``;
         None while it has not synced, then the node is fetched once)."""
         if not node_name:
@@ -208,6 +221,7 @@ class NodeRegistrar:
         self.retry_s = float(retry_s if retry_s is not None else config.agent.register_retry_s)
         self.clock = clock
         self.mode = mode
+        self.mig_profiles = mig_profiles
         self._snapshot: Callable[[], Any] = (
             snapshot_source.snapshot if hasattr(snapshot_source, "snapshot") else snapshot_source)
         self.last_result: str | None = None
@@ -269,7 +283,7 @@ class NodeRegistrar:
         if status != "ok":
             logger.warning("NVML is %s (%s): registering the last known GPUs as unhealthy", status,
                            getattr(snapshot, "stuck_call", None) or getattr(snapshot, "error", None) or "")
-        devices, self.skipped = build_node_devices(snapshot, self.config, self.mode)
+        devices, self.skipped = build_node_devices(snapshot, self.config, self.mode, self.mig_profiles)
         encoded = encode_node_devices(devices)
         self._log_devices(devices, encoded)
 

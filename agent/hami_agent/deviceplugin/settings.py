@@ -16,7 +16,8 @@ UNHEALTHY = "Unhealthy"
 
 MODE_HAMI_CORE = keys.MODE_HAMI_CORE
 MODE_MPS = keys.MODE_MPS
-MODES = (MODE_HAMI_CORE, MODE_MPS)
+MODE_MIG = keys.MODE_MIG  # dynamic MIG (HAMi v2.10): instances created at Allocate
+MODES = (MODE_HAMI_CORE, MODE_MPS, MODE_MIG)
 MIG_STRATEGIES = ("none", "single", "mixed")
 REGISTRATION_MODES = ("kubelet", "plugin-watcher")
 
@@ -66,6 +67,9 @@ class PluginSettings:
     max_server_restarts: int = 5
     restart_window_s: float = 3600.0
     rpc_workers: int = 8
+    # dynamic MIG (mode mig)
+    mig_reconcile_interval_s: float = 5.0  # HAMi's reconciler period
+    mig_nvml_timeout_s: float = 10.0  # NVML deadline of discovery, listing and destroy (not Allocate's)
 
     @property
     def kubelet_socket(self) -> str:
@@ -78,6 +82,10 @@ class PluginSettings:
             raise SettingsError(
                 f"--mig-strategy {self.mig_strategy!r} is not supported; "
                 f"use one of {', '.join(MIG_STRATEGIES)}")
+        if self.mode == MODE_MIG and self.mig_strategy != "none":
+            raise SettingsError(
+                "operatingmode mig creates MIG instances per pod; static MIG resources cannot be served "
+                f"beside it: use --mig-strategy none (got {self.mig_strategy!r})")
         if self.mode == MODE_MPS and self.mig_strategy != "none":
             raise SettingsError(
                 "MPS sharing is not supported on MIG devices: --mode mps needs --mig-strategy none "

@@ -78,8 +78,10 @@ class NvmlClient:
         warn_memory_not_supported(snap)
         return snap
 
-    def request(self, op: str, timeout_s: float | None = None) -> dict[str, Any]:
-        """The worker's ``data`` for ``op``. Raises NvmlError, NvmlTimeout or NvmlStuckUnkillable."""
+    def request(self, op: str, timeout_s: float | None = None,
+                args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The worker's ``data`` for ``op`` (``args``: the op's arguments, for the MIG ops). Raises
+        NvmlError, NvmlTimeout or NvmlStuckUnkillable."""
         timeout = self.call_timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError("timeout_s must be > 0")
@@ -87,7 +89,7 @@ class NvmlClient:
             deadline = time.monotonic() + timeout
             worker = self._ensure_worker(deadline)
             try:
-                data = self._exchange(worker, op, timeout, deadline)
+                data = self._exchange(worker, op, timeout, deadline, args)
             except NvmlError as exc:
                 self._failed(exc)
                 raise
@@ -145,10 +147,14 @@ class NvmlClient:
         self._worker = None
         self.reaper.abandon(w, call)
 
-    def _exchange(self, w: WorkerProcess, op: str, timeout: float, deadline: float) -> dict[str, Any]:
+    def _exchange(self, w: WorkerProcess, op: str, timeout: float, deadline: float,
+                  args: dict[str, Any] | None = None) -> dict[str, Any]:
         rid = next(self._ids)
+        msg_out: dict[str, Any] = {"op": op, "id": rid}
+        if args is not None:
+            msg_out["args"] = args
         try:
-            w.send({"op": op, "id": rid})
+            w.send(msg_out)
         except OSError:
             pass  # it died already: its output ends below and says why
         while True:

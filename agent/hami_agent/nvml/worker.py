@@ -14,7 +14,9 @@ stdout, one JSON object per line:
 
 Modes: ``watch`` (the supervisor's: an inventory every ``--refresh`` seconds plus XID events) and
 ``serve`` (a long-lived worker answering requests, one JSON line each on stdin: ``{"op": "usage",
-"id": 4}`` or ``{"op": "inventory", "id": 3}``; answers carry the request's ``id``).
+"id": 4}``, ``{"op": "inventory", "id": 3}``, or a dynamic-MIG op with ``"args"``: ``mig_profiles``,
+``mig_instances``, ``mig_create``, ``mig_destroy`` (``hami_agent.nvml.mig``); answers carry the request's
+``id``; an NVML refusal of a MIG op is an answer with ``error`` and ``code``, not a worker failure).
 
 The worker exits when its stdin reaches EOF (parent gone), so it never outlives the agent unless it is
 stuck in the driver, where nothing can end it anyway.
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hami_agent.nvml.errors import phrase_for
+from hami_agent.nvml.mig import MIG_OPS, MigOps
 from hami_agent.nvml.model import mig_profile_name
 
 LIB_ENV = "HAMI_NVML_LIBRARY"
@@ -329,6 +332,7 @@ def serve(nv: Nvml, collector: Collector, chan: Channel) -> int:
     """Answer requests from stdin until EOF. An NVML error answers the request and ends the worker (its
     NVML state is unknown after that); the parent starts a fresh one for the next request."""
     p = nv.pynvml
+    mig = MigOps(nv)
     for raw in sys.stdin.buffer:
         try:
             req = json.loads(raw)
@@ -341,6 +345,9 @@ def serve(nv: Nvml, collector: Collector, chan: Channel) -> int:
                 chan.send({"t": "usage", "id": rid, "data": collector.usage()})
             elif op == "inventory":
                 chan.send({"t": "inventory", "id": rid, "data": collector.inventory()})
+            elif op in MIG_OPS:
+                args = req.get("args") if isinstance(req.get("args"), dict) else {}
+                chan.send({"t": op, "id": rid, "data": mig.run(op, args)})
             else:
                 chan.send({"t": "error", "id": rid, "fatal": False, "msg": f"nvml worker: unknown op {op!r}"})
         except p.NVMLError as exc:

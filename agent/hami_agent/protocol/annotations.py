@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from hami_agent.protocol import keys
+from hami_agent.protocol import gostr, keys
 from hami_agent.protocol.errors import ProtocolError, quote
 
 NODE_POLICY_BINPACK = "binpack"
@@ -52,9 +51,11 @@ def uuid_allowed(uuid: str, use: Collection[str] = (), nouse: Collection[str] = 
 
 
 def mode_allowed(wanted: str | None, device_mode: str) -> bool:
-    """vgpu-mode rule: the device passes if ``wanted`` contains its mode; an empty ``wanted`` or an
-    empty device mode always passes (HAMi v2.10)."""
-    if not wanted or not device_mode:
+    """vgpu-mode rule of HAMi's ``checkType`` (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``):
+    ``wanted`` None (annotation absent) passes every device; otherwise the device passes when
+    ``wanted`` contains its mode as a substring (Go ``strings.Contains``: an empty device mode passes,
+    an empty annotation value passes no device with a mode)."""
+    if wanted is None:
         return True
     return device_mode in wanted
 
@@ -75,14 +76,16 @@ def check_uuid(annotations: Mapping[str, str] | None, uuid: str) -> bool:
 
 
 def numa_bind(annotations: Mapping[str, str] | None) -> bool:
-    """``nvidia.com/numa-bind: "true"``: a container's devices must share one NUMA node."""
-    return (annotations or {}).get(keys.NUMA_BIND, "").strip().lower() == "true"
+    """``nvidia.com/numa-bind``: a container's devices must share one NUMA node. True when the value is
+    true for Go's ``strconv.ParseBool`` (``1``, ``t``, ``T``, ``TRUE``, ``true``, ``True``; nothing is
+    trimmed), as HAMi's ``assertNuma`` (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``) reads it."""
+    value = (annotations or {}).get(keys.NUMA_BIND)
+    return isinstance(value, str) and gostr.parse_bool(value) is True
 
 
 def mode_matches(annotations: Mapping[str, str] | None, device_mode: str) -> bool:
-    """``nvidia.com/vgpu-mode``: the device passes if the value contains its mode. A device with an
-    empty mode passes any value (HAMi v2.10 behaviour)."""
-    return mode_allowed((annotations or {}).get(keys.VGPU_MODE, ""), device_mode)
+    """``nvidia.com/vgpu-mode``: :func:`mode_allowed` on the annotation (absent = any mode)."""
+    return mode_allowed((annotations or {}).get(keys.VGPU_MODE), device_mode)
 
 
 def node_scheduler_policy(annotations: Mapping[str, str] | None, default: str = DEFAULT_NODE_POLICY) -> str:
@@ -120,38 +123,39 @@ class ScoringWeights:
         return f"slot={self.slot},core={self.core},memory={self.memory}"
 
 
-# HAMi parses each value with strconv.ParseInt(v, 10, 64): ASCII digits, an optional sign (a "+"
-# is accepted; a "-" is rejected later as negative), int64 range. Python's int() and "\d" would also
-# take "1_000" and non-ASCII digits, which HAMi rejects.
-_WEIGHT_RE = re.compile(r"^\s*(slot|core|memory)\s*=\s*\+?([0-9]{1,19})\s*$")
-_INT64_MAX = 2**63 - 1
-
-
 def parse_scoring_weights(value: str | None) -> ScoringWeights:
-    """``slot=<int>,core=<int>,memory=<int>``: all three required, non-negative, at least one > 0.
-    None/empty → the default weights."""
-    if value is None or not value.strip():
+    """``hami.io/device-scoring-weights``: a port of HAMi's ``ParseDeviceScoringWeights``
+    (Project-HAMi/HAMi ``pkg/util/device_scoring_weights.go``), same checks in the same order and the
+    same error texts. ``None`` means the annotation is absent (default weights); an annotation that is
+    present but empty is refused, as HAMi refuses it."""
+    if value is None:
         return ScoringWeights()
+    key_name = keys.DEVICE_SCORING_WEIGHTS
+
+    def fail(what: str) -> ProtocolError:
+        return ProtocolError(f"invalid {key_name} annotation {gostr.quote(value)}: {what}")
+
+    parts = value.split(",")
+    if len(parts) != 3:
+        raise fail("expected slot, core, and memory weights")
     found: dict[str, int] = {}
-    for part in value.split(","):
-        m = _WEIGHT_RE.match(part)
-        if not m:
-            raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {quote(part)} is not "
-                                "'<slot|core|memory>=<non-negative int>'")
-        if int(m.group(2)) > _INT64_MAX:
-            raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {quote(part)} is out of range "
-                                "(int64)")
-        if m.group(1) in found:
-            raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {m.group(1)!r} given twice "
-                                f"in {quote(value)}")
-        found[m.group(1)] = int(m.group(2))
-    missing = [k for k in ("slot", "core", "memory") if k not in found]
-    if missing:
-        raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}={quote(value)}: missing "
-                            f"{', '.join(missing)} (all of slot, core, memory are required)")
+    for part in parts:
+        key_value = gostr.trim_space(part).split("=", 1)
+        if len(key_value) != 2:
+            raise fail("expected key=value entries")
+        key = gostr.trim_space(key_value[0])
+        if key in found:
+            raise fail(f"duplicate {gostr.quote(key)} weight")
+        weight = gostr.parse_int64(gostr.trim_space(key_value[1]))
+        if weight is None:
+            raise fail(f"{gostr.quote(key)} weight must be an integer")
+        if weight < 0:
+            raise fail(f"{gostr.quote(key)} weight must not be negative")
+        if key not in ("slot", "core", "memory"):
+            raise fail(f"unknown weight {gostr.quote(key)}")
+        found[key] = weight
     if not any(found.values()):
-        raise ProtocolError(f"annotation {keys.DEVICE_SCORING_WEIGHTS}={quote(value)}: at least one "
-                            "weight must be > 0")
+        raise fail("at least one weight must be positive")
     return ScoringWeights(**found)
 
 

@@ -1,6 +1,9 @@
-"""``hami.io/vgpu-mig-allocations`` (dynamic MIG, reference/hami.md §2 and §6.7): a JSON list of
-``{containerIndex, deviceIndex, gpuUUID, profile, placement:{start,size}}``; the plugin adds
-``migUUID``, ``gpuInstanceID`` and ``computeInstanceID`` once the instance exists."""
+"""``hami.io/vgpu-mig-allocations`` (dynamic MIG, HAMi v2.10: Project-HAMi/HAMi
+``pkg/device/nvidia/mig_allocations.go``): a JSON list of ``{containerIndex, deviceIndex, gpuUUID,
+profile, placement:{start,size}}`` written by the scheduler; the device plugin adds ``migUUID``,
+``gpuInstanceID`` and ``computeInstanceID`` once the instance exists. Validation follows HAMi's
+``DecodeMigAllocations``: an entry without GPU, profile or a placement size is incomplete, the three
+runtime fields come together or not at all, and a (container, device) pair appears once."""
 
 from __future__ import annotations
 
@@ -43,7 +46,10 @@ def _to_json(a: MigAllocation) -> dict[str, Any]:
 
 def _validate(allocs: Sequence[MigAllocation]) -> None:
     seen: set[tuple[int, int]] = set()
-    for a in allocs:
+    for i, a in enumerate(allocs):
+        if not a.gpu_uuid or not a.profile or a.placement.size == 0:
+            raise ProtocolError(f"MIG allocation {i} is incomplete: gpuUUID, profile and a placement size "
+                                f"are required, got {a!r}")
         runtime = (a.mig_uuid, a.gpu_instance_id, a.compute_instance_id)
         if any(v is None for v in runtime) and any(v is not None for v in runtime):
             raise ProtocolError(f"mig allocation {a.container_index}/{a.device_index}: migUUID, "
@@ -60,14 +66,18 @@ def encode_mig_allocations(allocs: Sequence[MigAllocation]) -> str:
     return go_json([_to_json(a) for a in allocs])
 
 
-def _int(obj: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
+_UINT32_MAX = 2**32 - 1  # placement and instance IDs are uint32 in HAMi's structs
+
+
+def _int(obj: dict[str, Any], key: str, where: str, required: bool = True,
+         hi: int = 2**63 - 1) -> int | None:
     if key not in obj or obj[key] is None:
         if required:
             raise ProtocolError(f"{where}: missing {key!r} in {quote(obj)}")
         return None
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ProtocolError(f"{where}: {key!r} must be a non-negative integer, got {quote(v)}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+        raise ProtocolError(f"{where}: {key!r} must be an integer between 0 and {hi}, got {quote(v)}")
     return v
 
 
@@ -106,11 +116,11 @@ def decode_mig_allocations(value: str) -> list[MigAllocation]:
             device_index=_int(obj, "deviceIndex", where) or 0,
             gpu_uuid=_str(obj, "gpuUUID", where) or "",
             profile=_str(obj, "profile", where) or "",
-            placement=MigPlacement(start=_int(pl, "start", where + ".placement") or 0,
-                                   size=_int(pl, "size", where + ".placement") or 0),
-            mig_uuid=_str(obj, "migUUID", where, required=False),
-            gpu_instance_id=_int(obj, "gpuInstanceID", where, required=False),
-            compute_instance_id=_int(obj, "computeInstanceID", where, required=False),
+            placement=MigPlacement(start=_int(pl, "start", where + ".placement", hi=_UINT32_MAX) or 0,
+                                   size=_int(pl, "size", where + ".placement", hi=_UINT32_MAX) or 0),
+            mig_uuid=_str(obj, "migUUID", where, required=False) or None,  # "" = not set (HAMi)
+            gpu_instance_id=_int(obj, "gpuInstanceID", where, required=False, hi=_UINT32_MAX),
+            compute_instance_id=_int(obj, "computeInstanceID", where, required=False, hi=_UINT32_MAX),
         ))
     _validate(out)
     return out

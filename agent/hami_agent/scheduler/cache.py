@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from hami_agent import log
 from hami_agent.protocol import keys
 from hami_agent.protocol import reasons as R
+from hami_agent.protocol.devices import MigPlacement
 from hami_agent.protocol.reasons import gen_reason
 from hami_agent.scheduler.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, fit_node, node_score
 from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
@@ -264,8 +265,8 @@ class UsageCache:
     def _set(self, uid: str, pod: PodUsage | None) -> PodUsage | None:
         """Make ``pod`` the counted usage of ``uid`` (None: nothing); returns the previous one."""
         old = self.pods.get(uid)
-        if pod is not None and old is not None and (old.node, old.devices, old.mig) == (
-                pod.node, pod.devices, pod.mig):
+        if pod is not None and old is not None and (old.node, old.devices, old.mig, old.mig_alloc) == (
+                pod.node, pod.devices, pod.mig, pod.mig_alloc):
             return old  # informer echo of our own reservation: nothing changed
         if old is not None:
             del self.pods[uid]
@@ -311,6 +312,53 @@ class UsageCache:
             d.usedcores += sign * a.cores
         for profile, n in pod.mig:
             st.mig_used[profile] = st.mig_used.get(profile, 0) + sign * n
+        if pod.mig_alloc or any(d.mode == keys.MODE_MIG for uuid in pod.devices
+                                if (d := st.by_id.get(uuid)) is not None):
+            self._apply_mig(st, pod, sign)
+
+    def _apply_mig(self, st: NodeState, pod: PodUsage, sign: int) -> None:
+        """Dynamic MIG reservations of a pod, with HAMi's consistency rules (``getNodesUsage`` in
+        Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``): the placements a pod reserves occupy its MIG
+        GPU; a MIG GPU the pod uses without a reservation (the instance it expects is missing), a
+        reservation on a GPU that is not in MIG mode, or one on a GPU the node does not have, make the
+        GPU(s) unhealthy until that pod is gone."""
+        faults: set[str] = set()
+        for uuid in pod.devices:
+            d = st.by_id.get(uuid)
+            if d is None:
+                continue
+            has = bool(pod.mig_alloc.get(uuid))
+            if d.mode == keys.MODE_MIG and not has:
+                faults.add(uuid)
+                if sign > 0:
+                    logger.error("MIG Pod lacks a matching profile/placement reservation: pod %s/%s gpu %s",
+                                 pod.namespace, pod.name, uuid)
+            elif d.mode == keys.MODE_HAMI_CORE and has:
+                faults.add(uuid)
+                if sign > 0:
+                    logger.error("found a mig task running on a hami-core GPU: pod %s/%s gpu %s",
+                                 pod.namespace, pod.name, uuid)
+        for uuid, placements in pod.mig_alloc.items():
+            d = st.by_id.get(uuid)
+            if d is None:
+                faults.update(x.id for x in st.devices if x.mode == keys.MODE_MIG)
+                if sign > 0:
+                    logger.error("unconsumed MIG reservations reference an unknown device: pod %s/%s gpu %s",
+                                 pod.namespace, pod.name, uuid)
+                continue
+            if d.mode != keys.MODE_MIG:
+                faults.add(uuid)
+                continue
+            if sign > 0:
+                d.mig_used = (*d.mig_used, *placements)
+            else:
+                left = list(d.mig_used)
+                for pl in placements:
+                    if pl in left:
+                        left.remove(pl)
+                d.mig_used = tuple(left)
+        for uuid in faults:
+            st.by_id[uuid].mig_faults += sign
 
     # --------------------------------------------------------------------------------- decisions
     def evaluate(self, st: NodeState, preq: PodRequest, ctx: PodContext,
@@ -431,6 +479,50 @@ class UsageCache:
                     self._count_fits(dec, ok, spread, event_nodes)
                     dec.pending = None
                     return dec
+
+    def simulate(self, given: list[tuple[str, list[DeviceUsage] | None, NodeExtras, dict[str, int]]],
+                 preq: PodRequest, ctx: PodContext, quota: QuotaBudget | None = None) -> Decision:
+        """/filter with full Node objects (kube-scheduler's ``nodeCacheCapable: false``): each node's
+        devices come from the given object's register annotation, as HAMi's ``filterSimulation`` reads
+        them (``buildTransientNodeInfo`` in Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``), so a node
+        this cache has not seen yet is evaluated too. ``given``: (name, devices or None when the object
+        has no usable annotation, extras, static MIG capacity). Unlike HAMi, which simulates every node
+        empty, the pods this cache knows on a node are counted (a full node must not look free). Nothing
+        is reserved."""
+        with self.lock:
+            fits: dict[str, NodeFit] = {}
+            scores: dict[str, float] = {}
+            failed: dict[str, str] = {}
+            for name, devices, extras, capacity in given:
+                if not devices:
+                    failed[name] = R.NODE_UNREGISTERED
+                    continue
+                st = NodeState(name, [d.clone() for d in devices], extras, dict(capacity))
+                for uid in self._pods_by_node.get(name, ()):
+                    self._apply(st, self.pods[uid], +1)
+                scores[name] = node_score(st.devices)
+                r = self.evaluate(st, preq, ctx, None if quota is None else QuotaBudget(quota.mem_left,
+                                                                                         quota.cores_left))
+                fits[name] = r
+                if not r.ok:
+                    failed[name] = r.reason
+            ok = [n for n, r in fits.items() if r.ok]
+            if not ok:
+                return Decision(None, None, failed)
+            pick = min if ctx.node_policy == "spread" else max
+            best = pick(ok, key=lambda n: (scores[n], n))
+            order = sorted(ok, key=lambda n: (scores[n], n), reverse=ctx.node_policy != "spread")
+            return Decision(best, fits[best], {}, n_fit=len(ok), fit_nodes=order, scores=scores)
+
+
+def mig_reservations(containers: list[list[Picked]]) -> dict[str, tuple[MigPlacement, ...]]:
+    """Placements a decision reserves per GPU (every container's, as HAMi counts the annotation)."""
+    out: dict[str, tuple[MigPlacement, ...]] = {}
+    for c in containers:
+        for p in c:
+            if p.mig_placement is not None:
+                out[p.uuid] = (*out.get(p.uuid, ()), p.mig_placement)
+    return out
 
 
 def collapse(containers: list[list[Picked]], n_init: int) -> dict[str, DeviceAmount]:

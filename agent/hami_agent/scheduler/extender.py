@@ -23,18 +23,20 @@ from hami_agent import log
 from hami_agent.k8s.errors import KubeError
 from hami_agent.protocol import ProtocolError, encode_pod_devices, keys
 from hami_agent.protocol.annotations import DEFAULT_GPU_POLICY, DEFAULT_NODE_POLICY
+from hami_agent.protocol.mig import MigAllocation, encode_mig_allocations
 from hami_agent.protocol.nodelock import DEFAULT_LOCK_EXPIRY
 from hami_agent.protocol.quantity import quantity_int
 from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler import events as ev
 from hami_agent.scheduler.args import BadRequest, FilterArgs, field_ci, parse_bind_args, parse_filter_args
 from hami_agent.scheduler.binder import Binder, definitive
-from hami_agent.scheduler.cache import UsageCache, collapse
+from hami_agent.scheduler.cache import UsageCache, collapse, mig_reservations
 from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.fit import PodContext, QuotaBudget, pod_context
 from hami_agent.scheduler.heal import Healer
 from hami_agent.scheduler.leadership import LeaderGate, NotLeader
-from hami_agent.scheduler.model import PodUsage
+from hami_agent.scheduler.model import Picked, PodUsage
+from hami_agent.scheduler.nodes import mig_capacity, node_devices, node_extras
 from hami_agent.scheduler.podinfo import annotations, signature
 from hami_agent.scheduler.podstate import PodRefused, PodStates
 from hami_agent.scheduler.reconcile import APPLIED, NOT_APPLIED, Reconciler
@@ -45,7 +47,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["BadRequest", "Extender", "SchedulerConfig", "field_ci"]
 
 STALE_KEYS = (keys.VGPU_NODE, keys.VGPU_TIME, keys.DEVICES_TO_ALLOCATE, keys.DEVICES_ALLOCATED,
-              keys.BIND_PHASE, keys.BIND_TIME)
+              keys.MIG_ALLOCATIONS, keys.BIND_PHASE, keys.BIND_TIME)
 
 
 @dataclass
@@ -72,6 +74,16 @@ class SchedulerConfig:
     gpu_core_policy: str = "default"
     overwrite_env: bool = False
     runtime_class_name: str = ""
+
+
+def mig_allocations_value(containers: list[list[Picked]]) -> str:
+    """``hami.io/vgpu-mig-allocations`` of a decision (HAMi ``EncodeMigAllocations``,
+    ``pkg/device/nvidia/mig_allocations.go``): one entry per device that got a MIG placement, indexed
+    by container (init containers first, as in the pod device string) and device; "" when none did."""
+    allocs = [MigAllocation(ci, di, p.uuid, p.mig_profile, p.mig_placement)
+              for ci, c in enumerate(containers) for di, p in enumerate(c)
+              if p.mig_profile and p.mig_placement is not None]
+    return encode_mig_allocations(allocs) if allocs else ""
 
 
 class Extender:
@@ -136,27 +148,40 @@ class Extender:
                                       "resolved; kube-scheduler will retry")
         try:
             ctx = pod_context(annotations(pod), self.config.node_policy, self.config.gpu_policy)
-        except ProtocolError as exc:  # HAMi: an invalid scoring-weights annotation fails the filter
-            return self._result(error=f"pod {ns}/{name}: {exc}")
+        except ProtocolError as exc:
+            # HAMi: calcScore fails on an invalid hami.io/device-scoring-weights and Filter answers its
+            # error, FilteringFailed event included (Project-HAMi/HAMi pkg/scheduler/scheduler.go Filter)
+            self._count("filter", "refused")
+            err = f"calcScore failed {exc} for pod {name}"
+            if self.events:
+                self.events.emit(pod, ev.WARNING, ev.FILTERING_FAILED, err)
+            return self._result(error=err)
         return self._decide(fa, pod, preq, ctx)
 
     def _decide(self, fa: FilterArgs, pod: dict, preq: Any, ctx: PodContext) -> dict:
         ns, name, uid = fa.namespace, fa.name, fa.uid
         limits = self._quota_limits(ns)  # API read (cached) outside the lock
         simulate = fa.nodes is not None
-        encoded = vtime = ""
+        given = self._given_nodes(fa.nodes) if simulate else []
+        encoded = vtime = mig = ""
         with self.cache.lock:
             prev = None if simulate else self.cache.exclude(uid)  # a retry must not count the pod twice
             # budget under the lock: concurrent filters of one namespace must see each other's pods
             quota = self._budget(ns, limits)
-            dec = self.cache.decide(fa.names, preq, ctx, quota,
-                                    self.config.event_nodes if self.events else 0, pod_name=name)
+            if simulate:
+                dec = self.cache.simulate(given, preq, ctx, quota)
+            else:
+                dec = self.cache.decide(fa.names, preq, ctx, quota,
+                                        self.config.event_nodes if self.events else 0, pod_name=name)
             if dec.node is not None and not simulate:
                 encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
+                mig = mig_allocations_value(dec.fit.containers)
                 vtime = str(int(time.time()))
                 self.cache.assume(uid, PodUsage(uid=uid, namespace=ns, name=name, node=dec.node,
                                                 devices=collapse(dec.fit.containers, preq.n_init),
-                                                mig=preq.mig), (dec.node, encoded, vtime))
+                                                mig=preq.mig,
+                                                mig_alloc=mig_reservations(dec.fit.containers)),
+                                  (dec.node, encoded, vtime))
             elif not simulate:
                 self.cache.restore(uid, prev)
         if dec.node is None:
@@ -164,7 +189,7 @@ class Extender:
             if self.requeue is not None and not simulate:
                 self.requeue.refused()
             logger.info("pod %s/%s: no node fits: %d nodes do not meet", ns, name, len(dec.failed))
-            if self.events:
+            if self.events and not simulate:  # HAMi's simulation records no events (recordEvents false)
                 for msg in ev.filtering_failed_messages(dec.failed):
                     self.events.emit(pod, ev.WARNING, ev.FILTERING_FAILED, msg)
             if not simulate:
@@ -181,7 +206,7 @@ class Extender:
                      if (n.get("metadata") or {}).get("name") == dec.node]
             return self._result(nodes_obj={"kind": "NodeList", "apiVersion": "v1", "items": items})
         if self.client is not None:
-            err = self._write_assignment(pod, uid, dec.node, encoded, vtime)
+            err = self._write_assignment(pod, uid, dec.node, encoded, vtime, mig)
             if err:
                 self._count("filter", "error")
                 return self._result(error=err)
@@ -198,13 +223,18 @@ class Extender:
             self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, message if dec.pending else message())
         return self._result(names=[dec.node])
 
-    def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str) -> str:
+    def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str,
+                          mig: str = "") -> str:
         """Patch the pod's assignment (conditional on the resourceVersion it was read at). "" on success
-        (or when a lost answer is read back as applied), else the error for kube-scheduler."""
+        (or when a lost answer is read back as applied), else the error for kube-scheduler. A decision
+        without MIG reservations removes a stale ``hami.io/vgpu-mig-allocations`` (HAMi leaves it, and
+        its placements would stay reserved)."""
         md = pod.get("metadata") or {}
         ns, name, rv = md.get("namespace") or "default", md.get("name"), str(md.get("resourceVersion") or "")
-        ann = {keys.VGPU_NODE: node, keys.VGPU_TIME: vtime, keys.DEVICES_TO_ALLOCATE: encoded,
-               keys.DEVICES_ALLOCATED: encoded}
+        ann: dict[str, str | None] = {keys.VGPU_NODE: node, keys.VGPU_TIME: vtime,
+                                      keys.DEVICES_TO_ALLOCATE: encoded, keys.DEVICES_ALLOCATED: encoded}
+        if mig or keys.MIG_ALLOCATIONS in annotations(pod):
+            ann[keys.MIG_ALLOCATIONS] = mig or None
         try:
             self.gate.check("pod annotations")
             self.wclient.patch_pod_metadata(ns, name, annotations=ann, labels={keys.VGPU_NODE: node},
@@ -277,10 +307,27 @@ class Extender:
     def _quota_budget(self, ns: str) -> QuotaBudget | None:
         return self._budget(ns, self._quota_limits(ns))
 
+    @staticmethod
+    def _given_nodes(nodes: dict) -> list[tuple[str, list | None, Any, dict[str, int]]]:
+        """The Node objects of a ``Nodes`` /filter, parsed as the node informer parses them."""
+        out = []
+        for n in nodes.get("items") or []:
+            name = (n.get("metadata") or {}).get("name")
+            if not isinstance(name, str) or not name:
+                continue
+            devs = node_devices(n)
+            out.append((name, devs, node_extras(n), mig_capacity(devs or [])))
+        return out
+
     def _budget(self, ns: str, limits: tuple[int | None, int | None] | None) -> QuotaBudget | None:
         if limits is None:
             return None
         mem_limit, cores_limit = limits
+        factor = max(1, int(getattr(self.config.names, "memory_factor", 1) or 1))
+        if mem_limit is not None and factor > 1:
+            # HAMi's FitQuota (pkg/device/quota.go): usage is in scaled MiB (gpumem x memoryFactor),
+            # the ResourceQuota in the pod's units, so the limit is scaled the same way
+            mem_limit *= factor
         used_mem, used_cores = self.cache.namespace_usage(ns)
         return QuotaBudget(None if mem_limit is None else mem_limit - used_mem,
                            None if cores_limit is None else cores_limit - used_cores)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hami_agent.protocol.devices import MigPlacement, MigProfile
 from hami_agent.protocol.keys import NVIDIA_DEVICE as NVIDIA
 from hami_agent.protocol.requests import PERCENTAGE_UNSET as PCT_UNSET
 from hami_agent.protocol.requests import memory_for_request
@@ -29,13 +30,20 @@ class DeviceUsage:
     used: int = 0
     usedmem: int = 0
     usedcores: int = 0
-    mig_profiles: tuple = ()
+    mig_profiles: tuple[MigProfile, ...] = ()  # dynamic MIG: profiles and legal placements (register)
     score: float = 0.0
+    mig_used: tuple[MigPlacement, ...] = ()  # placements reserved by the pods on this GPU
+    mig_faults: int = 0  # pods whose MIG reservations contradict this GPU's mode: unhealthy while > 0
 
     def clone(self) -> DeviceUsage:
         return DeviceUsage(self.id, self.index, self.type, self.count, self.totalmem, self.totalcore,
                            self.numa, self.health, self.mode, self.used, self.usedmem, self.usedcores,
-                           self.mig_profiles, self.score)
+                           self.mig_profiles, self.score, self.mig_used, self.mig_faults)
+
+    @property
+    def healthy(self) -> bool:
+        """Registered health, and no pod's MIG reservation says the GPU's instances are missing."""
+        return self.health and self.mig_faults == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +64,15 @@ class ContainerDeviceRequest:
 
 @dataclass(frozen=True, slots=True)
 class Picked:
-    """A device chosen for a container: the pod-device string record ``uuid,NVIDIA,mem,cores``."""
+    """A device chosen for a container: the pod-device string record ``uuid,NVIDIA,mem,cores``; on a
+    dynamic-MIG GPU also the MIG profile and placement reserved for it (``hami.io/vgpu-mig-allocations``)."""
 
     uuid: str
     type: str
     usedmem: int
     usedcores: int
+    mig_profile: str = ""
+    mig_placement: MigPlacement | None = None
 
 
 @dataclass(frozen=True)
@@ -95,4 +106,7 @@ class PodUsage:
     name: str
     node: str
     devices: dict[str, DeviceAmount] = field(default_factory=dict)
-    mig: tuple[tuple[str, int], ...] = ()
+    mig: tuple[tuple[str, int], ...] = ()  # static MIG resources (nvidia.com/mig-<profile>)
+    # dynamic MIG: placements reserved per GPU UUID (hami.io/vgpu-mig-allocations), and GPUs whose
+    # reservations contradict their mode ("*": a reservation names a GPU the node does not have)
+    mig_alloc: dict[str, tuple[MigPlacement, ...]] = field(default_factory=dict)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from hami_agent import log
 from hami_agent.protocol import (
+    MigProfile,
     ProtocolError,
     decode_node_devices,
     format_requesting,
@@ -44,12 +45,21 @@ def node_devices(node: dict) -> list[DeviceUsage] | None:
         return None
     out = []
     for d in devs:
-        profiles = tuple({"name": p.name, "memoryMB": p.memory_mb, "core": p.core,
-                          "placements": len(p.placements)} for p in d.mig_profiles)
         out.append(DeviceUsage(id=d.id, index=d.index, type=d.type, count=d.count, totalmem=d.devmem,
                                totalcore=d.devcore, numa=d.numa, health=d.health, mode=d.mode or "",
-                               mig_profiles=profiles))
+                               mig_profiles=_usable_profiles(d.mig_profiles)))
     return out
+
+
+def _usable_profiles(profiles: tuple[MigProfile, ...]) -> tuple[MigProfile, ...]:
+    """Placements that occupy no memory slice (size <= 0) or start before slice 0 are dropped: they
+    would "fit" next to anything, and HAMi's Fit, which re-examines a MIG GPU until no placement is
+    left, would never finish on them."""
+    out = []
+    for p in profiles:
+        ok = tuple(pl for pl in p.placements if pl.size > 0 and pl.start >= 0)
+        out.append(p if len(ok) == len(p.placements) else replace(p, placements=ok))
+    return tuple(out)
 
 
 def mig_capacity(devices: list[DeviceUsage]) -> dict[str, int]:
@@ -60,7 +70,7 @@ def mig_capacity(devices: list[DeviceUsage]) -> dict[str, int]:
         if d.mode != keys.MODE_MIG:
             continue
         for p in d.mig_profiles:
-            cap[p["name"]] = cap.get(p["name"], 0) + max(int(p.get("placements", 0)), 0)
+            cap[p.name] = cap.get(p.name, 0) + len(p.placements)
     return cap
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 
 from hami_agent import log
-from hami_agent.protocol import ProtocolError, decode_pod_devices, keys
+from hami_agent.protocol import MigPlacement, ProtocolError, decode_pod_devices, keys
+from hami_agent.protocol.mig import decode_mig_allocations
 from hami_agent.scheduler.cache import Signature, collapse
 from hami_agent.scheduler.model import PodUsage
 
@@ -123,7 +124,25 @@ def pod_usage(pod: dict, mig: tuple[tuple[str, int], ...] = (),
     elif init_done(pod):
         containers = [[] if i < n_init else c for i, c in enumerate(containers)]
     return PodUsage(uid=uid, namespace=ns, name=name, node=node, devices=collapse(containers, n_init),
-                    mig=mig)
+                    mig=mig, mig_alloc=mig_reservations_of(ann, ns, name))
+
+
+def mig_reservations_of(ann: dict, ns: str, name: str) -> dict[str, tuple[MigPlacement, ...]]:
+    """Placements per GPU from ``hami.io/vgpu-mig-allocations`` (every entry counts, as in HAMi's
+    ``getNodesUsage``). A malformed value reserves nothing and is logged; the pod's MIG GPUs then have no
+    matching reservation, which marks them unhealthy (HAMi does the same)."""
+    raw = ann.get(keys.MIG_ALLOCATIONS)
+    if not raw:
+        return {}
+    try:
+        allocs = decode_mig_allocations(raw)
+    except ProtocolError as exc:
+        logger.error("pod %s/%s: cannot decode %s: %s", ns, name, keys.MIG_ALLOCATIONS, exc)
+        return {}
+    out: dict[str, tuple[MigPlacement, ...]] = {}
+    for a in allocs:
+        out[a.gpu_uuid] = (*out.get(a.gpu_uuid, ()), a.placement)
+    return out
 
 
 def countable_usage(pod: dict, names: object = None,

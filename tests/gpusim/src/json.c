@@ -431,6 +431,75 @@ int js_set_int(js *obj, const char *key, long long value)
     return 0;
 }
 
+js *js_new_obj(void)
+{
+    return new_val(JS_OBJ);
+}
+
+js *js_new_arr(void)
+{
+    return new_val(JS_ARR);
+}
+
+js *js_new_int(long long value)
+{
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%lld", value);
+    js *v = new_val(JS_NUM);
+    if (v && !(v->s = strdup(buf))) {
+        js_free(v);
+        return NULL;
+    }
+    if (v)
+        v->n = (double)value;
+    return v;
+}
+
+js *js_new_str(const char *s)
+{
+    js *v = new_val(JS_STR);
+    if (v && !(v->s = strdup(s ? s : ""))) {
+        js_free(v);
+        return NULL;
+    }
+    return v;
+}
+
+int js_obj_put(js *obj, const char *key, js *value)
+{
+    if (!obj || obj->t != JS_OBJ || !value)
+        return -1;
+    for (size_t i = 0; i < obj->len; i++) {
+        if (!strcmp(obj->keys[i], key)) {
+            js_free(obj->items[i]);
+            obj->items[i] = value;
+            return 0;
+        }
+    }
+    char *k = strdup(key);
+    if (!k || push(obj, k, value)) {
+        free(k);
+        return -1;
+    }
+    return 0;
+}
+
+int js_arr_push(js *arr, js *value)
+{
+    if (!arr || arr->t != JS_ARR || !value)
+        return -1;
+    return push(arr, NULL, value);
+}
+
+void js_arr_remove(js *arr, size_t i)
+{
+    if (!arr || arr->t != JS_ARR || i >= arr->len)
+        return;
+    js_free(arr->items[i]);
+    memmove(&arr->items[i], &arr->items[i + 1], (arr->len - i - 1) * sizeof(arr->items[0]));
+    arr->len--;
+}
+
 static void dump_str(const char *s, FILE *out)
 {
     fputc('"', out);

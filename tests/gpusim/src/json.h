@@ -40,6 +40,16 @@ int js_is_null(const js *v);                  /* absent or null */
 /* Replace (or add) an integer member of an object. Returns 0 on success. */
 int js_set_int(js *obj, const char *key, long long value);
 
+/* Builders for nvmlDeviceCreateGpuInstanceWithPlacement & co, which edit the state tree. New values are
+ * owned by the caller until attached with js_obj_put / js_arr_push (then by the container). */
+js *js_new_obj(void);
+js *js_new_arr(void);
+js *js_new_int(long long value);
+js *js_new_str(const char *s);
+int js_obj_put(js *obj, const char *key, js *value); /* replaces an existing member; 0 on success */
+int js_arr_push(js *arr, js *value);                 /* 0 on success */
+void js_arr_remove(js *arr, size_t i);               /* frees the removed value */
+
 /* Write v as indented JSON. Returns 0 on success. */
 int js_dump(const js *v, FILE *out);
 

@@ -1099,3 +1099,699 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *d
 {
     return nvmlEventSetWait_v2(set, data, timeoutms);
 }
+
+/* ------------------------------------------------------------------ GPU / compute instances (MIG)
+ *
+ * Dynamic MIG as the driver does it: GPU instances (GI) at a profile's legal placements, one compute
+ * instance (CI) per GI spanning the whole GI (the one HAMi's and our device plugin create), and the MIG
+ * device that appears with the CI. Rules and return codes (nvml.h doc comments; NVIDIA MIG user guide):
+ * - a profile is addressed by its NVML_GPU_INSTANCE_PROFILE_* index for the profile-info calls and by
+ *   its profile ID (info.id) for everything else; MIG must be enabled (else NOT_SUPPORTED);
+ * - a placement not among the profile's possible placements -> INVALID_ARGUMENT; one that overlaps an
+ *   existing GI's memory slices, or a profile already at its maximum instance count ->
+ *   INSUFFICIENT_RESOURCES;
+ * - destroying a GI that still has a CI, or a GI/CI with a running process -> IN_USE;
+ * - a handle of a destroyed instance -> INVALID_ARGUMENT.
+ * Every change is written to the state file (under the lock file, re-read first), so nvidia-smi, other
+ * processes and a restarted agent see it. Gaps: GI IDs are the lowest free ones (the driver ties them to
+ * the placement), CIs smaller than their GI are not offered (NOT_SUPPORTED), MIG UUIDs are a hash of the
+ * parent UUID and a creation counter. */
+
+struct gs_gi_handle {
+    int gpu;
+    unsigned id;
+};
+
+struct gs_ci_handle {
+    int gpu;
+    unsigned gi;
+    unsigned ci;
+};
+
+static struct gs_gi_handle gi_handles[GS_MAX_GPUS][GS_MAX_GI_ID];
+static struct gs_ci_handle ci_handles[GS_MAX_GPUS][GS_MAX_GI_ID][GS_MAX_MIG];
+static pthread_once_t instance_handles_once = PTHREAD_ONCE_INIT;
+
+static void init_instance_handles(void)
+{
+    for (int g = 0; g < GS_MAX_GPUS; g++) {
+        for (unsigned i = 0; i < GS_MAX_GI_ID; i++) {
+            gi_handles[g][i].gpu = g;
+            gi_handles[g][i].id = i;
+            for (unsigned c = 0; c < GS_MAX_MIG; c++) {
+                ci_handles[g][i][c].gpu = g;
+                ci_handles[g][i][c].gi = i;
+                ci_handles[g][i][c].ci = c;
+            }
+        }
+    }
+}
+
+/* CI profile index whose slice count equals the GI's (NVML_COMPUTE_INSTANCE_PROFILE_*). */
+static int ci_profile_for_slices(unsigned slices)
+{
+    switch (slices) {
+    case 1: return 0;
+    case 2: return 1;
+    case 3: return 2;
+    case 4: return 3;
+    case 7: return 4;
+    case 8: return 5;
+    case 6: return 6;
+    default: return -1;
+    }
+}
+
+static const gs_profile *profile_by_index(const gs_gpu *g, unsigned index)
+{
+    for (int i = 0; i < g->nprofiles; i++)
+        if (g->profiles[i].nvml_index == index)
+            return &g->profiles[i];
+    return NULL;
+}
+
+static const gs_profile *profile_by_id(const gs_gpu *g, unsigned id)
+{
+    for (int i = 0; i < g->nprofiles; i++)
+        if (g->profiles[i].id == id)
+            return &g->profiles[i];
+    return NULL;
+}
+
+static gs_gi *gi_by_id(gs_gpu *g, unsigned id)
+{
+    for (int i = 0; i < g->ngi; i++)
+        if (g->gi[i].id == id)
+            return &g->gi[i];
+    return NULL;
+}
+
+static gs_mig *mig_of_gi(gs_gpu *g, unsigned gi, unsigned ci)
+{
+    for (int j = 0; j < GS_MAX_MIG; j++)
+        if (g->mig[j].present && g->mig[j].gi_id == gi && g->mig[j].ci_id == ci)
+            return &g->mig[j];
+    return NULL;
+}
+
+static int gi_has_process(const gs_gpu *g, unsigned gi, int ci)
+{
+    for (int i = 0; i < g->nproc; i++)
+        if (g->proc[i].gi_id == gi && (ci < 0 || g->proc[i].ci_id == (unsigned)ci ||
+                                       g->proc[i].ci_id == NVML_VALUE_NOT_AVAILABLE_UINT))
+            return 1;
+    return 0;
+}
+
+/* A full-GPU handle of a MIG-enabled GPU; the checks every instance call starts with. */
+static nvmlReturn_t mig_gpu(nvmlDevice_t device, gs_gpu **out)
+{
+    gs_gpu *g;
+    gs_mig *m;
+    nvmlReturn_t r = resolve(device, &g, &m);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->mig_capable || g->mig_current != 1)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = g;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t resolve_gi(nvmlGpuInstance_t h, gs_gpu **g, gs_gi **gi)
+{
+    if (!h || h < &gi_handles[0][0] || h >= &gi_handles[0][0] + GS_MAX_GPUS * GS_MAX_GI_ID)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (h->gpu >= cur->ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *g = &cur->gpu[h->gpu];
+    if ((*g)->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    if ((*g)->mig_current != 1 || !(*gi = gi_by_id(*g, h->id)))
+        return NVML_ERROR_INVALID_ARGUMENT; /* destroyed, or MIG turned off meanwhile */
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t resolve_ci(nvmlComputeInstance_t h, gs_gpu **g, gs_gi **gi, gs_mig **m)
+{
+    if (!h || h < &ci_handles[0][0][0] || h >= &ci_handles[0][0][0] + GS_MAX_GPUS * GS_MAX_GI_ID * GS_MAX_MIG)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = resolve_gi(&gi_handles[h->gpu][h->gi], g, gi);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!(*m = mig_of_gi(*g, h->gi, h->ci)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+/* --- state file edits ------------------------------------------------------------------------ */
+
+typedef nvmlReturn_t (*state_edit)(gs_gpu *g, js *gpu_node, void *arg);
+
+/* Re-read the state file under the advisory lock file, let `edit` check the request against it and change
+ * the tree, write it back atomically and reload. Caller holds the mutex. */
+static nvmlReturn_t edit_state(int gpu, state_edit edit, void *arg)
+{
+    const char *path = state_path();
+    char lockpath[4200], tmp[4200];
+    snprintf(lockpath, sizeof(lockpath), "%s.lock", path);
+    snprintf(tmp, sizeof(tmp), "%s.gpusim-%d.tmp", path, (int)getpid());
+    int lfd = open(lockpath, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (lfd >= 0)
+        flock(lfd, LOCK_EX);
+    memset(&cur_stat, 0, sizeof(cur_stat)); /* force a fresh read: another process may have edited it */
+    refresh_state();
+    nvmlReturn_t ret = NVML_ERROR_UNKNOWN;
+    js *node = js_at(js_get(cur->tree, "gpus"), (size_t)gpu);
+    if (gpu < cur->ngpus && node)
+        ret = edit(&cur->gpu[gpu], node, arg);
+    if (ret == NVML_SUCCESS) {
+        FILE *f = fopen(tmp, "w");
+        if (!f || js_dump(cur->tree, f) || fclose(f) || rename(tmp, path)) {
+            if (f)
+                unlink(tmp);
+            ret = NVML_ERROR_NO_PERMISSION;
+        }
+        memset(&cur_stat, 0, sizeof(cur_stat));
+        refresh_state(); /* rebuild the structs from what was written */
+    }
+    if (lfd >= 0) {
+        flock(lfd, LOCK_UN);
+        close(lfd);
+    }
+    return ret;
+}
+
+static js *mig_array(js *gpu_node, const char *key)
+{
+    js *mig = js_get(gpu_node, "mig");
+    if (!mig)
+        return NULL;
+    js *arr = js_get(mig, key);
+    if (!arr) {
+        arr = js_new_arr();
+        if (js_obj_put(mig, key, arr)) {
+            js_free(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+struct create_gi_arg {
+    unsigned profile_id;
+    nvmlGpuInstancePlacement_t placement;
+    unsigned out_id;
+};
+
+static nvmlReturn_t edit_create_gi(gs_gpu *g, js *node, void *argp)
+{
+    struct create_gi_arg *a = argp;
+    if (!g->mig_capable || g->mig_current != 1)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const gs_profile *p = profile_by_id(g, a->profile_id);
+    if (!p)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int legal = 0;
+    for (int i = 0; i < p->nplacements; i++)
+        if (p->start[i] == a->placement.start && p->size[i] == a->placement.size)
+            legal = 1;
+    if (!legal)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned same = 0;
+    int used[GS_MAX_GI_ID] = {0};
+    for (int i = 0; i < g->ngi; i++) {
+        const gs_gi *o = &g->gi[i];
+        used[o->id] = 1;
+        if (o->profile_id == a->profile_id)
+            same++;
+        if (a->placement.start < o->start + o->size && o->start < a->placement.start + a->placement.size)
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    if (same >= p->max_instances || g->ngi >= GS_MAX_GI)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned id = 1;
+    while (id < GS_MAX_GI_ID && used[id])
+        id++;
+    if (id >= GS_MAX_GI_ID)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    js *arr = mig_array(node, "gpu_instances"), *e = js_new_obj(), *pl = js_new_obj();
+    if (!arr || !e || !pl || js_obj_put(pl, "start", js_new_int(a->placement.start)) ||
+        js_obj_put(pl, "size", js_new_int(a->placement.size)) || js_obj_put(e, "id", js_new_int(id)) ||
+        js_obj_put(e, "profile", js_new_str(p->name)) || js_obj_put(e, "profile_id", js_new_int(p->id)) ||
+        js_obj_put(e, "placement", pl)) {
+        js_free(e);
+        return NVML_ERROR_MEMORY;
+    }
+    if (js_arr_push(arr, e)) {
+        js_free(e);
+        return NVML_ERROR_MEMORY;
+    }
+    a->out_id = id;
+    return NVML_SUCCESS;
+}
+
+static unsigned long long fnv1a(const char *s, unsigned long long h)
+{
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+struct create_ci_arg {
+    unsigned gi, profile;
+    unsigned out_ci;
+};
+
+static nvmlReturn_t edit_create_ci(gs_gpu *g, js *node, void *argp)
+{
+    struct create_ci_arg *a = argp;
+    gs_gi *gi = g->mig_current == 1 ? gi_by_id(g, a->gi) : NULL;
+    if (!gi)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const gs_profile *p = profile_by_id(g, gi->profile_id);
+    if (!p || ci_profile_for_slices(p->slices) != (int)a->profile)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int j = 0; j < GS_MAX_MIG; j++)
+        if (g->mig[j].present && g->mig[j].gi_id == a->gi)
+            return NVML_ERROR_INSUFFICIENT_RESOURCES; /* the one full-size CI exists already */
+    int slot = -1;
+    for (unsigned j = 0; j < g->mig_max && slot < 0; j++)
+        if (!g->mig[j].present)
+            slot = (int)j;
+    if (slot < 0)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    js *mig = js_get(node, "mig");
+    long long created = js_int(js_get(mig, "created_instances"), 0) + 1;
+    char seed[160], uuid[64];
+    snprintf(seed, sizeof(seed), "%s/%lld", g->uuid, created);
+    unsigned long long h1 = fnv1a(seed, 0xcbf29ce484222325ULL), h2 = fnv1a(seed, h1 ^ 0x9e3779b97f4a7c15ULL);
+    snprintf(uuid, sizeof(uuid), "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", h1 >> 32, (h1 >> 16) & 0xffff,
+             h1 & 0xffff, h2 >> 48, h2 & 0xffffffffffffULL);
+    js *arr = mig_array(node, "devices"), *e = js_new_obj();
+    if (!arr || !e || js_obj_put(e, "index", js_new_int(slot)) || js_obj_put(e, "uuid", js_new_str(uuid)) ||
+        js_obj_put(e, "profile", js_new_str(p->name)) || js_obj_put(e, "gi_id", js_new_int(a->gi)) ||
+        js_obj_put(e, "ci_id", js_new_int(0)) || js_obj_put(e, "memory_mib", js_new_int((long long)p->memory_mib)) ||
+        js_obj_put(e, "sm_count", js_new_int(p->sm_count)) || js_set_int(mig, "created_instances", created)) {
+        js_free(e);
+        return NVML_ERROR_MEMORY;
+    }
+    if (js_arr_push(arr, e)) {
+        js_free(e);
+        return NVML_ERROR_MEMORY;
+    }
+    a->out_ci = 0;
+    return NVML_SUCCESS;
+}
+
+struct destroy_arg {
+    unsigned gi;
+    int ci; /* -1: destroy the GI */
+};
+
+static nvmlReturn_t edit_destroy(gs_gpu *g, js *node, void *argp)
+{
+    struct destroy_arg *a = argp;
+    if (g->mig_current != 1 || !gi_by_id(g, a->gi))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (a->ci >= 0) {
+        if (!mig_of_gi(g, a->gi, (unsigned)a->ci))
+            return NVML_ERROR_INVALID_ARGUMENT;
+        if (gi_has_process(g, a->gi, a->ci))
+            return NVML_ERROR_IN_USE;
+        js *arr = js_get(js_get(node, "mig"), "devices");
+        for (size_t i = 0; i < js_len(arr); i++) {
+            js *d = js_at(arr, i);
+            if (js_int(js_get(d, "gi_id"), -1) == a->gi && js_int(js_get(d, "ci_id"), -1) == a->ci) {
+                js_arr_remove(arr, i);
+                return NVML_SUCCESS;
+            }
+        }
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (int j = 0; j < GS_MAX_MIG; j++)
+        if (g->mig[j].present && g->mig[j].gi_id == a->gi)
+            return NVML_ERROR_IN_USE; /* documented: fails while the GI has compute instances */
+    if (gi_has_process(g, a->gi, -1))
+        return NVML_ERROR_IN_USE;
+    js *arr = js_get(js_get(node, "mig"), "gpu_instances");
+    for (size_t i = 0; i < js_len(arr); i++) {
+        if (js_int(js_get(js_at(arr, i), "id"), -1) == a->gi) {
+            js_arr_remove(arr, i);
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* faults.hang_after_functions: the call has done its work (the state file shows it), then blocks,
+ * like a driver call that created the instance and never returned to its caller. */
+static void maybe_hang_after(const char *fn)
+{
+    if (listed(fn, cur->hang_after, cur->nhang_after))
+        hang_unlock_forever();
+}
+
+/* --- profiles and placements ------------------------------------------------------------------ */
+
+static void fill_gi_profile(const gs_profile *p, unsigned *id, unsigned *slices, unsigned *count,
+                            unsigned *sms, unsigned long long *mem)
+{
+    *id = p->id;
+    *slices = p->slices;
+    *count = p->max_instances;
+    *sms = p->sm_count;
+    *mem = p->memory_mib;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                              nvmlGpuInstanceProfileInfo_t *info)
+{
+    BEGIN("nvmlDeviceGetGpuInstanceProfileInfo");
+    gs_gpu *g;
+    nvmlReturn_t r = mig_gpu(device, &g);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    const gs_profile *p = profile_by_index(g, profile);
+    if (!p)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    memset(info, 0, sizeof(*info));
+    fill_gi_profile(p, &info->id, &info->sliceCount, &info->instanceCount, &info->multiprocessorCount,
+                    &info->memorySizeMB);
+    info->copyEngineCount = p->slices;
+    info->decoderCount = p->slices / 2;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                               nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    BEGIN("nvmlDeviceGetGpuInstanceProfileInfoV");
+    gs_gpu *g;
+    nvmlReturn_t r = mig_gpu(device, &g);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != nvmlGpuInstanceProfileInfo_v2)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    const gs_profile *p = profile_by_index(g, profile);
+    if (!p)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    unsigned version = info->version;
+    memset(info, 0, sizeof(*info));
+    info->version = version;
+    fill_gi_profile(p, &info->id, &info->sliceCount, &info->instanceCount, &info->multiprocessorCount,
+                    &info->memorySizeMB);
+    info->copyEngineCount = p->slices;
+    info->decoderCount = p->slices / 2;
+    snprintf(info->name, sizeof(info->name), "MIG %s", p->name);
+    END(NVML_SUCCESS);
+}
+
+/* placements NULL: the count only (documented way to size the array). */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
+                                                                        unsigned int profileId,
+                                                                        nvmlGpuInstancePlacement_t *placements,
+                                                                        unsigned int *count)
+{
+    BEGIN("nvmlDeviceGetGpuInstancePossiblePlacements_v2");
+    gs_gpu *g;
+    nvmlReturn_t r = mig_gpu(device, &g);
+    if (r != NVML_SUCCESS)
+        END(r);
+    const gs_profile *p = profile_by_id(g, profileId);
+    if (!count || !p)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (placements)
+        for (int i = 0; i < p->nplacements; i++) {
+            placements[i].start = p->start[i];
+            placements[i].size = p->size[i];
+        }
+    *count = (unsigned)p->nplacements;
+    END(NVML_SUCCESS);
+}
+
+/* --- GPU instances ---------------------------------------------------------------------------- */
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profileId,
+                                                                  const nvmlGpuInstancePlacement_t *placement,
+                                                                  nvmlGpuInstance_t *gpuInstance)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlDeviceCreateGpuInstanceWithPlacement");
+    gs_gpu *g;
+    nvmlReturn_t r = mig_gpu(device, &g);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!placement || !gpuInstance)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    struct create_gi_arg a = {profileId, *placement, 0};
+    r = edit_state(device->gpu, edit_create_gi, &a);
+    if (r != NVML_SUCCESS)
+        END(r);
+    *gpuInstance = &gi_handles[device->gpu][a.out_id];
+    maybe_hang_after("nvmlDeviceCreateGpuInstanceWithPlacement");
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceDestroy");
+    gs_gpu *g;
+    gs_gi *gi;
+    nvmlReturn_t r = resolve_gi(gpuInstance, &g, &gi);
+    if (r != NVML_SUCCESS)
+        END(r);
+    struct destroy_arg a = {gi->id, -1};
+    r = edit_state(gpuInstance->gpu, edit_destroy, &a);
+    if (r == NVML_SUCCESS)
+        maybe_hang_after("nvmlGpuInstanceDestroy");
+    END(r);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                                   nvmlGpuInstance_t *gpuInstances, unsigned int *count)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlDeviceGetGpuInstances");
+    gs_gpu *g;
+    nvmlReturn_t r = mig_gpu(device, &g);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!gpuInstances || !count || !profile_by_id(g, profileId))
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned n = 0;
+    for (int i = 0; i < g->ngi; i++)
+        if (g->gi[i].profile_id == profileId)
+            gpuInstances[n++] = &gi_handles[device->gpu][g->gi[i].id];
+    *count = n;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                      nvmlGpuInstance_t *gpuInstance)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlDeviceGetGpuInstanceById");
+    gs_gpu *g;
+    nvmlReturn_t r = mig_gpu(device, &g);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!gpuInstance || id >= GS_MAX_GI_ID)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gi_by_id(g, id))
+        END(NVML_ERROR_NOT_FOUND);
+    *gpuInstance = &gi_handles[device->gpu][id];
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceGetInfo");
+    gs_gpu *g;
+    gs_gi *gi;
+    nvmlReturn_t r = resolve_gi(gpuInstance, &g, &gi);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!info)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    info->device = &gpu_handles[gpuInstance->gpu];
+    info->id = gi->id;
+    info->profileId = gi->profile_id;
+    info->placement.start = gi->start;
+    info->placement.size = gi->size;
+    END(NVML_SUCCESS);
+}
+
+/* --- compute instances ------------------------------------------------------------------------- */
+
+static nvmlReturn_t ci_profile_info(nvmlGpuInstance_t gpuInstance, unsigned profile, unsigned engProfile,
+                                    unsigned *id, unsigned *slices, unsigned *count, unsigned *sms)
+{
+    gs_gpu *g;
+    gs_gi *gi;
+    nvmlReturn_t r = resolve_gi(gpuInstance, &g, &gi);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const gs_profile *p = profile_by_id(g, gi->profile_id);
+    if (!p || ci_profile_for_slices(p->slices) != (int)profile)
+        return NVML_ERROR_NOT_SUPPORTED; /* gap: only the CI that spans the whole GI */
+    *id = profile;
+    *slices = p->slices;
+    *count = 1;
+    *sms = p->sm_count;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance,
+                                                                      unsigned int profile,
+                                                                      unsigned int engProfile,
+                                                                      nvmlComputeInstanceProfileInfo_t *info)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceGetComputeInstanceProfileInfo");
+    if (!info)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    memset(info, 0, sizeof(*info));
+    END(ci_profile_info(gpuInstance, profile, engProfile, &info->id, &info->sliceCount, &info->instanceCount,
+                        &info->multiprocessorCount));
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance,
+                                                                       unsigned int profile,
+                                                                       unsigned int engProfile,
+                                                                       nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceGetComputeInstanceProfileInfoV");
+    if (!info)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != nvmlComputeInstanceProfileInfo_v2)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned version = info->version;
+    memset(info, 0, sizeof(*info));
+    info->version = version;
+    nvmlReturn_t r = ci_profile_info(gpuInstance, profile, engProfile, &info->id, &info->sliceCount,
+                                     &info->instanceCount, &info->multiprocessorCount);
+    if (r == NVML_SUCCESS)
+        snprintf(info->name, sizeof(info->name), "MIG %uc", info->sliceCount);
+    END(r);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                              nvmlComputeInstance_t *computeInstance)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceCreateComputeInstance");
+    gs_gpu *g;
+    gs_gi *gi;
+    nvmlReturn_t r = resolve_gi(gpuInstance, &g, &gi);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!computeInstance)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    struct create_ci_arg a = {gi->id, profileId, 0};
+    r = edit_state(gpuInstance->gpu, edit_create_ci, &a);
+    if (r != NVML_SUCCESS)
+        END(r);
+    *computeInstance = &ci_handles[gpuInstance->gpu][a.gi][a.out_ci];
+    maybe_hang_after("nvmlGpuInstanceCreateComputeInstance");
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlComputeInstanceDestroy");
+    gs_gpu *g;
+    gs_gi *gi;
+    gs_mig *m;
+    nvmlReturn_t r = resolve_ci(computeInstance, &g, &gi, &m);
+    if (r != NVML_SUCCESS)
+        END(r);
+    struct destroy_arg a = {computeInstance->gi, (int)computeInstance->ci};
+    r = edit_state(computeInstance->gpu, edit_destroy, &a);
+    if (r == NVML_SUCCESS)
+        maybe_hang_after("nvmlComputeInstanceDestroy");
+    END(r);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                            nvmlComputeInstance_t *computeInstances,
+                                                            unsigned int *count)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceGetComputeInstances");
+    gs_gpu *g;
+    gs_gi *gi;
+    nvmlReturn_t r = resolve_gi(gpuInstance, &g, &gi);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!computeInstances || !count || profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    const gs_profile *p = profile_by_id(g, gi->profile_id);
+    unsigned n = 0;
+    for (int j = 0; j < GS_MAX_MIG; j++)
+        if (p && ci_profile_for_slices(p->slices) == (int)profileId && g->mig[j].present &&
+            g->mig[j].gi_id == gi->id && g->mig[j].ci_id < GS_MAX_MIG)
+            computeInstances[n++] = &ci_handles[gpuInstance->gpu][gi->id][g->mig[j].ci_id];
+    *count = n;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                               nvmlComputeInstance_t *computeInstance)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlGpuInstanceGetComputeInstanceById");
+    gs_gpu *g;
+    gs_gi *gi;
+    nvmlReturn_t r = resolve_gi(gpuInstance, &g, &gi);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!computeInstance || id >= GS_MAX_MIG)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    if (!mig_of_gi(g, gi->id, id))
+        END(NVML_ERROR_NOT_FOUND);
+    *computeInstance = &ci_handles[gpuInstance->gpu][gi->id][id];
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                       nvmlComputeInstanceInfo_t *info)
+{
+    pthread_once(&instance_handles_once, init_instance_handles);
+    BEGIN("nvmlComputeInstanceGetInfo_v2");
+    gs_gpu *g;
+    gs_gi *gi;
+    gs_mig *m;
+    nvmlReturn_t r = resolve_ci(computeInstance, &g, &gi, &m);
+    if (r != NVML_SUCCESS)
+        END(r);
+    if (!info)
+        END(NVML_ERROR_INVALID_ARGUMENT);
+    const gs_profile *p = profile_by_id(g, gi->profile_id);
+    info->device = &gpu_handles[computeInstance->gpu];
+    info->gpuInstance = &gi_handles[computeInstance->gpu][gi->id];
+    info->id = m->ci_id;
+    info->profileId = p ? (unsigned)ci_profile_for_slices(p->slices) : 0;
+    info->placement.start = 0;
+    info->placement.size = p ? p->slices : m->slices;
+    END(NVML_SUCCESS);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                                    nvmlComputeInstanceInfo_t *info)
+{
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+}

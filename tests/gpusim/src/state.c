@@ -37,6 +37,56 @@ static unsigned slices_of(const char *profile)
     return n ? n : 1;
 }
 
+/* NVML_GPU_INSTANCE_PROFILE_* of a catalog entry: by GPU slices, memory slices and the media-engine
+ * suffix, as NVML numbers them (nvml.h; pynvml's constants). */
+static int nvml_profile_index(const char *name, unsigned slices, unsigned memory_slices)
+{
+    int me = strstr(name, "+me") != NULL;
+    switch (slices) {
+    case 1:
+        if (me)
+            return 7;                        /* 1_SLICE_REV1 (1g.Xgb+me) */
+        return memory_slices >= 2 ? 9 : 0;   /* 1_SLICE_REV2 (1g with 2 memory slices), 1_SLICE */
+    case 2: return me ? 8 : 1;               /* 2_SLICE_REV1, 2_SLICE */
+    case 3: return 2;
+    case 4: return 3;
+    case 6: return 6;
+    case 7: return 4;
+    case 8: return 5;
+    default: return -1;
+    }
+}
+
+static int load_profiles(js *catalog, gs_gpu *out, char *err, size_t errlen)
+{
+    for (size_t j = 0; j < js_len(catalog) && out->nprofiles < GS_MAX_PROFILES; j++) {
+        js *e = js_at(catalog, j);
+        gs_profile *p = &out->profiles[out->nprofiles];
+        memset(p, 0, sizeof(*p));
+        copy_str(p->name, sizeof(p->name), js_str(js_get(e, "name"), ""));
+        p->id = (unsigned)js_int(js_get(e, "profile_id"), 0);
+        p->slices = (unsigned)js_int(js_get(e, "slices"), 0);
+        p->memory_slices = (unsigned)js_int(js_get(e, "memory_slices"), p->slices);
+        p->memory_mib = (unsigned long long)js_int(js_get(e, "memory_mib"), 0);
+        p->max_instances = (unsigned)js_int(js_get(e, "max_instances"), 1);
+        p->sm_count = (unsigned)js_int(js_get(e, "sm_count"), 0);
+        int idx = nvml_profile_index(p->name, p->slices, p->memory_slices);
+        if (!p->name[0] || idx < 0) {
+            snprintf(err, errlen, "mig_profiles entry %zu (%s): unknown slice count %u", j, p->name, p->slices);
+            return -1;
+        }
+        p->nvml_index = (unsigned)idx;
+        js *pls = js_get(e, "placements");
+        for (size_t k = 0; k < js_len(pls) && p->nplacements < GS_MAX_PLACEMENTS; k++) {
+            p->start[p->nplacements] = (unsigned)js_int(js_get(js_at(pls, k), "start"), 0);
+            p->size[p->nplacements] = (unsigned)js_int(js_get(js_at(pls, k), "size"), 0);
+            p->nplacements++;
+        }
+        out->nprofiles++;
+    }
+    return 0;
+}
+
 static int load_gpu(js *g, int i, gs_gpu *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
@@ -117,6 +167,22 @@ static int load_gpu(js *g, int i, gs_gpu *out, char *err, size_t errlen)
         m->slices = slices_of(m->profile);
     }
 
+    js *gis = js_get(mig, "gpu_instances");
+    for (size_t j = 0; j < js_len(gis) && out->ngi < GS_MAX_GI; j++) {
+        js *e = js_at(gis, j);
+        gs_gi *gi = &out->gi[out->ngi++];
+        gi->id = (unsigned)js_int(js_get(e, "id"), 0);
+        if (gi->id >= GS_MAX_GI_ID) {
+            snprintf(err, errlen, "gpus[%d].mig.gpu_instances[%zu].id %u out of range 0..%d", i, j, gi->id,
+                     GS_MAX_GI_ID - 1);
+            return -1;
+        }
+        copy_str(gi->profile, sizeof(gi->profile), js_str(js_get(e, "profile"), ""));
+        gi->profile_id = (unsigned)js_int(js_get(e, "profile_id"), 0);
+        gi->start = (unsigned)js_int(js_get(js_get(e, "placement"), "start"), 0);
+        gi->size = (unsigned)js_int(js_get(js_get(e, "placement"), "size"), 0);
+    }
+
     js *xids = js_get(g, "xid_events");
     for (size_t j = 0; j < js_len(xids) && out->nxid < GS_MAX_XID; j++) {
         js *e = js_at(xids, j);
@@ -190,9 +256,19 @@ int gs_state_from_json(js *doc, gs_state *st, char *err, size_t errlen)
         snprintf(err, errlen, "at most %d GPUs are simulated", GS_MAX_GPUS);
         return -1;
     }
-    for (size_t i = 0; i < js_len(gpus); i++)
+    js *hang_after = js_get(faults, "hang_after_functions");
+    for (size_t i = 0; i < js_len(hang_after) && st->nhang_after < GS_MAX_HANGFN; i++) {
+        const char *s = js_str(js_at(hang_after, i), NULL);
+        if (s)
+            copy_str(st->hang_after[st->nhang_after++], sizeof(st->hang_after[0]), s);
+    }
+    js *catalogs = js_get(doc, "mig_profiles");
+    for (size_t i = 0; i < js_len(gpus); i++) {
         if (load_gpu(js_at(gpus, i), (int)i, &st->gpu[i], err, errlen))
             return -1;
+        if (load_profiles(js_get(catalogs, st->gpu[i].name), &st->gpu[i], err, errlen))
+            return -1;
+    }
     st->ngpus = (int)js_len(gpus);
     st->tree = doc;
     return 0;

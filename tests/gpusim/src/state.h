@@ -9,6 +9,29 @@
 #define GS_MAX_XID 64
 #define GS_MAX_PROC 32
 #define GS_MAX_HANGFN 32
+#define GS_MAX_GI 16       /* GPU instances per GPU (A100/H100: at most 7 at once) */
+#define GS_MAX_GI_ID 32    /* GPU instance IDs are below this */
+#define GS_MAX_PROFILES 16 /* GPU instance profiles in a model's catalog */
+#define GS_MAX_PLACEMENTS 8
+
+/* One GPU instance profile of the GPU's model (top-level "mig_profiles" catalog, NVIDIA's MIG user
+ * guide tables). nvml_index is the NVML_GPU_INSTANCE_PROFILE_* constant nvmlDeviceGetGpuInstanceProfileInfo
+ * takes; id is the profile ID NVML reports (nvidia-smi's "ID" column). */
+typedef struct {
+    char name[32];
+    unsigned nvml_index, id;
+    unsigned slices, memory_slices, max_instances, sm_count;
+    unsigned long long memory_mib;
+    int nplacements;
+    unsigned start[GS_MAX_PLACEMENTS], size[GS_MAX_PLACEMENTS];
+} gs_profile;
+
+typedef struct {
+    unsigned id;
+    char profile[32];
+    unsigned profile_id;
+    unsigned start, size;
+} gs_gi;
 
 typedef struct {
     int present;
@@ -56,6 +79,10 @@ typedef struct {
     int mig_capable, mig_current, mig_pending;
     unsigned mig_max;
     gs_mig mig[GS_MAX_MIG]; /* slot = MIG device index */
+    int ngi;
+    gs_gi gi[GS_MAX_GI]; /* mig.gpu_instances */
+    int nprofiles;
+    gs_profile profiles[GS_MAX_PROFILES]; /* the catalog of this GPU's model */
     int nxid;
     gs_xid xid[GS_MAX_XID];
     int nproc;
@@ -77,6 +104,8 @@ typedef struct {
     char hang_file[512]; /* non-empty: a hung call blocks in read() of this file (D-state model) */
     int nunsupported;
     char unsupported[GS_MAX_HANGFN][64]; /* these calls return NOT_SUPPORTED (older driver) */
+    int nhang_after;
+    char hang_after[GS_MAX_HANGFN][64]; /* these calls do their work (state written), then block */
     int ngpus;
     gs_gpu gpu[GS_MAX_GPUS];
 } gs_state;

@@ -182,6 +182,24 @@ def test_the_device_plugin_of_the_pods_node_may_write_its_keys_only(cluster):
                    who=f"{PLUGIN}gpu-0")
 
 
+def test_the_device_plugin_of_the_pods_node_may_record_dynamic_mig_runtime(cluster):
+    # operatingmode mig: Allocate's success write adds the MIG UUID and GI/CI IDs to the scheduler's
+    # reservation (HAMi annotateMigRuntimeInfo); only the pod's own node's plugin may
+    scheduled(cluster, "m", node="gpu-0")
+    runtime = {keys.MIG_ALLOCATIONS: '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-0","profile":'
+               '"1g.10gb","placement":{"start":6,"size":1},"migUUID":"MIG-1","gpuInstanceID":1,'
+               '"computeInstanceID":0}]'}
+    code, body = cluster.call("plugin-gpu-0", "PATCH", pod_path("m"), {"metadata": {"annotations": runtime}},
+                              MERGE)
+    assert code == 200, body
+    other = {keys.MIG_ALLOCATIONS: runtime[keys.MIG_ALLOCATIONS].replace("MIG-1", "MIG-2")}
+    code, body = cluster.call("plugin-gpu-1", "PATCH", pod_path("m"), {"metadata": {"annotations": other}},
+                              MERGE)
+    assert_refused(code, body, "m", keys.MIG_ALLOCATIONS, who=f"{PLUGIN}gpu-1")
+    code, body = cluster.call("tenant", "PATCH", pod_path("m"), {"metadata": {"annotations": other}}, MERGE)
+    assert code == 403, body
+
+
 def test_the_device_plugin_of_another_node_is_refused(cluster):
     scheduled(cluster, "r", node="gpu-0")
     code, body = cluster.call("plugin-gpu-1", "PATCH", pod_path("r"),
@@ -252,4 +270,5 @@ def test_the_policy_protects_every_key_the_scheduler_owns():
     defaults = role_defaults()
     assert set(defaults["hami_rbac_allocation_annotations"]) == set(SCHEDULER_OWNED)
     assert defaults["hami_rbac_allocation_labels"] == [keys.VGPU_NODE]
-    assert set(defaults["hami_rbac_device_plugin_pod_keys"]) == {keys.DEVICES_TO_ALLOCATE, keys.BIND_PHASE}
+    assert set(defaults["hami_rbac_device_plugin_pod_keys"]) == {keys.DEVICES_TO_ALLOCATE, keys.BIND_PHASE,
+                                                                 keys.MIG_ALLOCATIONS}

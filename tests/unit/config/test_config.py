@@ -179,3 +179,30 @@ def test_duplicate_node_entry_warns_and_first_wins():
                                         {"name": "n", "devicesplitcount": 3}]}], "n")
     assert cfg.node.device_split_count == 2
     assert any("second nodeconfig entry" in w for w in cfg.warnings)
+
+
+# --------------------------------------------------------------------- dynamic MIG allowlist (HAMi v2.10)
+@pytest.mark.parametrize("entry, field, text", [
+    ({"models": ["A100"]}, "migProfileAllowlist[0]", "must define models and profiles"),
+    ({"profiles": ["1g.10gb"]}, "migProfileAllowlist[0]", "must define models and profiles"),
+    ({"models": ["A100"], "profiles": ["1g.10gb", "big"]}, "migProfileAllowlist[0].profiles[1]",
+     'invalid MIG profile "big"'),
+    ({"models": ["A100"], "profiles": ["g.10gb"]}, "migProfileAllowlist[0].profiles[0]",
+     'invalid MIG profile "g.10gb"'),
+])
+def test_mig_allowlist_is_validated_like_hami(entry, field, text):
+    # HAMi's ValidateMigProfileAllowlist (pkg/device/nvidia/mig_profiles.go:28-41) stops its scheduler and
+    # device plugin on these; the agent refuses the config, naming the entry. It used to accept them.
+    with pytest.raises(ConfigError) as err:
+        build_config([{"nvidia": {"migProfileAllowlist": [entry]}}], "n")
+    assert field in str(err.value) and text in str(err.value)
+
+
+def test_operatingmode_mig_is_served_and_legacy_geometries_get_a_migration_hint():
+    cfg = build_config([{"nvidia": {"knownMigGeometries": [
+        {"models": ["A100"], "allowedGeometries": [[{"name": "1g.10gb", "memory": 9728, "count": 7}],
+                                                   [{"name": "3g.40gb", "memory": 40192, "count": 2}]]}]},
+        "nodeconfig": [{"name": "n", "operatingmode": "mig"}]}], "n")
+    assert cfg.node.operating_mode == "mig"
+    assert any("without nvidia.migProfileAllowlist" in w for w in cfg.warnings)
+    assert any("['1g.10gb', '3g.40gb']" in w for w in cfg.warnings)

@@ -153,11 +153,17 @@ def test_gpuuuid_exact_trimmed():
 
 
 def test_numa_and_mode():
-    assert numa_bind({"nvidia.com/numa-bind": "true"}) and not numa_bind({"nvidia.com/numa-bind": "1"})
+    # HAMi's assertNuma (pkg/device/nvidia/device.go:482-491) reads the value with strconv.ParseBool
+    for yes in ("1", "t", "T", "TRUE", "true", "True"):
+        assert numa_bind({"nvidia.com/numa-bind": yes}), yes
+    for no in ("0", "false", "yes", " true", "tRUE", ""):
+        assert not numa_bind({"nvidia.com/numa-bind": no}), no
     assert mode_matches({"nvidia.com/vgpu-mode": "hami-core"}, "hami-core")
     assert not mode_matches({"nvidia.com/vgpu-mode": "mig"}, "hami-core")
     assert mode_matches({"nvidia.com/vgpu-mode": "mig"}, "")  # empty device mode passes (v2.10)
     assert mode_matches({}, "mig")
+    # checkType (device.go:493-503): strings.Contains("", "mig") is false: an empty value matches no mode
+    assert not mode_matches({"nvidia.com/vgpu-mode": ""}, "mig")
 
 
 def test_scheduler_policies():
@@ -175,11 +181,22 @@ def test_scoring_weights():
     assert parse_scoring_weights(None) == ScoringWeights(1, 1, 1)
     w = parse_scoring_weights("slot=0,core=2,memory=3")
     assert w == ScoringWeights(0, 2, 3) and parse_scoring_weights(w.encode()) == w
-    for bad, quoted in [("slot=1,core=1", "memory"), ("slot=0,core=0,memory=0", "at least one"),
-                        ("slot=-1,core=1,memory=1", "'slot=-1'"), ("slot=1,core=1,memory=1,slot=2", "twice"),
-                        ("gpu=1,core=1,memory=1", "'gpu=1'")]:
-        with pytest.raises(ProtocolError, match=quoted):
+    # HAMi's texts (pkg/util/device_scoring_weights.go:57-101), %q-quoted like Go
+    key = "invalid hami.io/device-scoring-weights annotation"
+    for bad, what in [
+            ("", "expected slot, core, and memory weights"),
+            ("slot=1,core=1", "expected slot, core, and memory weights"),
+            ("slot=0,core=0,memory=0", "at least one weight must be positive"),
+            ("slot=-1,core=1,memory=1", '"slot" weight must not be negative'),
+            ("slot=1,core=1,slot=2", 'duplicate "slot" weight'),
+            ("gpu=1,core=1,memory=1", 'unknown weight "gpu"'),
+            ("gpu=x,core=1,memory=1", '"gpu" weight must be an integer'),
+            ("slot,core=1,memory=1", "expected key=value entries"),
+            ("slot=\t1,core=\n,memory=1", '"core" weight must be an integer')]:
+        quoted = '"' + bad.replace("\t", "\\t").replace("\n", "\\n") + '"'
+        with pytest.raises(ProtocolError) as err:
             parse_scoring_weights(bad)
+        assert str(err.value) == f"{key} {quoted}: {what}"
 
 
 def test_device_cordon():

@@ -108,3 +108,35 @@ class FakePodClient:
 
     def create_event(self, obj, type_, reason, message, component):
         self.events.append((reason, message))
+
+
+def a100_mig_profiles(*names: str):
+    """The A100-SXM4-80GB GPU-instance profiles as a node in ``mig`` mode publishes them (memory and
+    placements: NVIDIA MIG user guide, "A100 MIG profiles"; core = ceil(SMs x 100 / 98 SMs of 7g), as
+    HAMi's discoverMigProfiles computes it). ``names`` selects (default: all but +me)."""
+    from hami_agent.protocol import MigPlacement, MigProfile
+
+    table = {  # name: (memory MiB, slices, SMs, placement starts, placement size)
+        "1g.10gb": (9728, 1, 14, range(7), 1),
+        "1g.20gb": (19968, 1, 14, (0, 2, 4, 6), 2),
+        "2g.20gb": (19968, 2, 28, (0, 2, 4), 2),
+        "3g.40gb": (40192, 3, 42, (0, 4), 4),
+        "4g.40gb": (40192, 4, 56, (0,), 4),
+        "7g.80gb": (81152, 7, 98, (0,), 8),
+    }
+    out = []
+    for name in names or tuple(table):
+        mem, slices, sms, starts, size = table[name]
+        out.append(MigProfile(name=name, memory_mb=mem, core=-(-sms * 100 // 98), slice_count=slices,
+                              placements=tuple(MigPlacement(s, size) for s in starts),
+                              instance_count=len(tuple(starts))))
+    return tuple(out)
+
+
+def mig_dev(i: int, profiles=None, **kw) -> DeviceUsage:
+    """A dynamic-MIG A100 80GB as registered: count = the largest instance count, full memory, 100 cores."""
+    profs = profiles or a100_mig_profiles()
+    d = dev(i, mem=81920, count=max(p.instance_count for p in profs), mode="mig",
+            type_="NVIDIA A100-SXM4-80GB", **kw)
+    d.mig_profiles = profs
+    return d

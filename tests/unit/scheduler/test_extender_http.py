@@ -11,7 +11,7 @@ import ssl
 
 import pytest
 
-from hami_agent.protocol import decode_pod_devices, keys
+from hami_agent.protocol import NodeDevice, decode_pod_devices, encode_node_devices, keys
 from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.metrics import SchedulerMetrics
@@ -112,12 +112,32 @@ def test_pod_without_gpu_passes_through(env):
     assert res["NodeNames"] == ["n1", "x"] and client.patches == []
 
 
+def _node_obj(name: str, *mems: int) -> dict:
+    devs = [NodeDevice(id=f"GPU-{name}-{i}", index=i, count=10, devmem=m, devcore=100, type="NVIDIA-A100",
+                       mode="hami-core", health=True) for i, m in enumerate(mems)]
+    return {"metadata": {"name": name, "annotations": {keys.NODE_REGISTER: encode_node_devices(devs)}}}
+
+
 def test_full_nodes_variant_simulates_without_writing(env):
     cache, client, _ext, srv = env
-    nodes = {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "n2"}}]}
+    nodes = {"items": [_node_obj("n1", 8192, 8192), _node_obj("n2", 4096)]}
     res = json.loads(post(srv, "/filter", {"Pod": gpu_pod("p", mem=5000), "Nodes": nodes})[1])
     assert [n["metadata"]["name"] for n in res["Nodes"]["items"]] == ["n1"]
     assert res["NodeNames"] is None and client.patches == [] and not cache.pods
+
+
+def test_full_nodes_read_the_given_register_annotations(env):
+    # HAMi's filterSimulation builds each node from the given object's hami.io/node-nvidia-register
+    # (buildTransientNodeInfo, pkg/scheduler/scheduler.go:693-711, used at 871-904): a node the cache has
+    # not seen yet is evaluated, and one without the annotation is "node unregistered". The extender used
+    # to look only in its cache, so n3 was "node unregistered".
+    cache, client, _ext, srv = env
+    nodes = {"items": [_node_obj("n3", 16384), {"metadata": {"name": "n4"}}]}
+    res = json.loads(post(srv, "/filter", {"Pod": gpu_pod("big", mem=12000), "Nodes": nodes})[1])
+    assert [n["metadata"]["name"] for n in res["Nodes"]["items"]] == ["n3"]
+    assert "n3" not in cache.nodes and client.patches == []
+    res = json.loads(post(srv, "/filter", {"Pod": gpu_pod("huge", mem=20000), "Nodes": nodes})[1])
+    assert res["FailedNodes"] == {"n3": "1/1 CardInsufficientMemory", "n4": "node unregistered"}
 
 
 def test_bad_requests_name_the_field(env):

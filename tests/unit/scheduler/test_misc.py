@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from hami_agent.protocol import MigPlacement, MigProfile
 from hami_agent.protocol.requests import RequestConfig
 from hami_agent.scheduler import events as ev
 from hami_agent.scheduler.cache import UsageCache
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.unit
 def test_static_mig_resources_counted_from_register():
     c = UsageCache()
     d = dev(0, mode="mig")
-    d.mig_profiles = ({"name": "1g.12gb", "memoryMB": 12288, "placements": 2},
-                      {"name": "3g.48gb", "memoryMB": 49152, "placements": 1})
+    d.mig_profiles = (MigProfile("1g.12gb", 12288, placements=(MigPlacement(0, 1), MigPlacement(1, 1))),
+                      MigProfile("3g.48gb", 49152, placements=(MigPlacement(4, 4),)))
     c.set_node("n", [d], mig_capacity={"1g.12gb": 2, "3g.48gb": 1})
     want = PodRequest(containers=(None,), n_init=0, mig=(("1g.12gb", 2),))
     dec = c.decide(["n"], want, PodContext())

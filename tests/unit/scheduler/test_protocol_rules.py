@@ -118,8 +118,10 @@ def test_invalid_scoring_weights_fail_the_filter_instead_of_defaulting():
     ext = Extender(cache, SchedulerConfig(), cached_pods=lambda _ns, _name: pod)
     ext.synced.set()
     out = ext.filter({"Pod": pod, "NodeNames": ["n1"]})
-    assert out["NodeNames"] is None and "default/p" in out["Error"]
-    assert "hami.io/device-scoring-weights" in out["Error"] and "memory" in out["Error"]
+    # HAMi's text: Filter wraps calcScore's error (pkg/scheduler/scheduler.go Filter)
+    assert out["NodeNames"] is None and out["Error"] == (
+        'calcScore failed invalid hami.io/device-scoring-weights annotation "slot=1,core=1": expected slot, '
+        "core, and memory weights for pod p")
     assert cache.pods == {}  # nothing reserved
     pod["metadata"]["annotations"][keys.DEVICE_SCORING_WEIGHTS] = "slot=1,core=1,memory=3"
     assert ext.filter({"Pod": pod, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
