@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import sys
@@ -164,6 +165,7 @@ def _run(args: argparse.Namespace, seed: int, workdir: Path, status: Any) -> tup
             "max_abandoned_workers": watcher.max_abandoned.value,
             "nvml_peak_at": f"{watcher.max_nvml.where} at {watcher.max_nvml.at}s",
             "max_d_state_workers": watcher.max_d_state,
+            "agent_rss": watcher.rss_growth(),
             "k": settings.max_abandoned_workers,
             "unkillable_model": faults.unkillable_model,
             "faults": faults.counts(),
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.chaos.report import json_line
 
     counts["wall_s"] = round(time.monotonic() - started, 1)
+    counts["harness_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     counts.update(env)
     (workdir / "details.json").write_text(json.dumps(details, indent=2))
     print(json.dumps(json_line(counts)), flush=True)

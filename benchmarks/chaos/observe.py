@@ -39,6 +39,8 @@ class Watcher:
     errors: list[str] = field(default_factory=list)
     events_expired: int = 0
     supervise: bool = True
+    # pid -> (agent name, first seen at, first RSS MiB, last seen at, last RSS MiB): a leak shows as growth
+    rss: dict[int, tuple[str, float, float, float, float]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _events_seen: dict = field(default_factory=dict)
@@ -58,6 +60,8 @@ class Watcher:
         while not self._stop.wait(self.interval_s):
             try:
                 self.sample()
+                if self.samples % 10 == 1:
+                    self.sample_rss()
                 if self.supervise:
                     for agent in self.cluster.agents():
                         crash = agent.supervise()
@@ -70,6 +74,26 @@ class Watcher:
                     last_janitor = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad sample
                 self.errors.append(f"watcher: {exc!r}")
+
+    def sample_rss(self) -> None:
+        now = time.monotonic() - self.t0
+        for agent in self.cluster.agents():
+            pid = agent.pid
+            mib = _rss_mib(pid) if pid and agent.running() else None
+            if mib is None:
+                continue
+            first = self.rss.get(pid) or (agent.name, now, mib, now, mib)
+            self.rss[pid] = (agent.name, first[1], first[2], now, mib)
+
+    def rss_growth(self) -> dict[str, str]:
+        """Per agent kind, its longest-lived process: RSS at first and last sample."""
+        best: dict[str, tuple[str, float, float, float, float]] = {}
+        for name, t1, m1, t2, m2 in self.rss.values():
+            kind = name.split("/")[-1].rstrip("-0123456789") or name
+            if kind not in best or t2 - t1 > best[kind][3] - best[kind][1]:
+                best[kind] = (name, t1, m1, t2, m2)
+        return {k: f"{v[2]:.0f}->{v[4]:.0f} MiB over {v[3] - v[1]:.0f}s ({v[0]})"
+                for k, v in sorted(best.items())}
 
     def sample(self) -> list[WorkerInfo]:
         assert self.cluster.scanner is not None
@@ -85,3 +109,14 @@ class Watcher:
                     peak.value, peak.at, peak.where = n, round(now, 1), f"{node}/{role}"
         self.max_d_state = max(self.max_d_state, sum(1 for w in workers if w.state == "D"))
         return workers
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
