@@ -141,7 +141,7 @@ class Cluster:
         self.scanner = ProcScanner(self.run_id)
         self.workdir.mkdir(parents=True, exist_ok=True)
         lib = build_lib()
-        self.api = ChaosApiServer(history_limit=20_000)
+        self.api = ChaosApiServer(history_limit=5_000)
         self.api.start()
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=5)
         for ns in ("chaos-a", "chaos-b", LEASE_NS):

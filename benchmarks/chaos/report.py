@@ -10,8 +10,7 @@ Definitions (also in docs/testing.md, "Chaos soak"):
                            measured it, or was still unanswered at the end; once per pod.
 ``late_writes``            pods the kubelet rejected for which a write setting
                            ``hami.io/bind-phase=success`` reached the API server after the kubelet had
-                           the error (request log vs the end of the failing RPC, one monotonic clock),
-                           or whose final state says ``success`` all the same.
+                           the error (request log vs the end of the failing RPC, one monotonic clock).
 ``over_commits``           GPUs over-committed at the end among bound pods: memory, cores, sharing
                            slots, or an exclusive (100-core) pod sharing (``overcommit-*``,
                            ``exclusive-shared``).
@@ -102,8 +101,10 @@ def stalls(rpcs: list[Rpc], limit_s: float, end: float) -> tuple[list[str], list
             [f"{node} {pod}: unanswered after {took:.1f}s" for (node, pod), took in open_.items()])
 
 
-def late_writes(admissions: list[Admission], writes: list[SuccessWrite],
-                pods_by_uid: dict[str, dict]) -> list[str]:
+def late_writes(admissions: list[Admission], writes: list[SuccessWrite]) -> list[str]:
+    """Pods the kubelet rejected that got a ``bind-phase=success`` write the API server received after the
+    kubelet had its error. (A success *state* on a rejected pod, whatever its cause, is the checker's
+    ``allocated-no-devices`` and fails the run as one of the other violations.)"""
     by_uid: dict[str, list[SuccessWrite]] = defaultdict(list)
     by_name: dict[tuple[str, str], list[SuccessWrite]] = defaultdict(list)
     for w in writes:
@@ -117,15 +118,9 @@ def late_writes(admissions: list[Admission], writes: list[SuccessWrite],
             continue
         ns, name = a.pod.split("/", 1)
         late = [w for w in by_uid.get(a.uid, []) + by_name.get((ns, name), []) if w.at > a.answered_at]
-        final = pods_by_uid.get(a.uid)
-        final_success = final is not None and ((final.get("metadata") or {}).get("annotations") or {}).get(
-            keys.BIND_PHASE) == keys.BIND_PHASE_SUCCESS
         if late:
             out.append(f"{a.pod} ({a.node}): success write {min(w.at for w in late) - a.answered_at:.3f}s "
                        f"after the kubelet's error ({a.message[:120]})")
-        elif final_success:
-            out.append(f"{a.pod} ({a.node}): rejected by the kubelet ({a.message[:120]}) "
-                       "but bind-phase=success")
     return out
 
 
@@ -174,7 +169,7 @@ def state_counts(nodes: list[dict], pods: list[dict], admissions: list[Admission
     details: dict[str, list[str]] = {
         "admission_stalls": slow,
         "unanswered_rpcs": unanswered,
-        "late_writes": late_writes(admissions, writes, pods_by_uid),
+        "late_writes": late_writes(admissions, writes),
         "double_allocations": double_ids(live) + [str(v) for v in report.violations if v.kind in DOUBLE],
         "lost_allocations": lost(live, pods_by_uid),
         "violations": [str(v) for v in report.violations][:50],

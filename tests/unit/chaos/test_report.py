@@ -22,6 +22,9 @@ from hami_agent.protocol import ContainerDevice, NodeDevice, encode_node_devices
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 GPU = "nvidia.com/gpu"
 PHASE = "/metadata/annotations/hami.io~1bind-phase"
+ZERO = dict.fromkeys(("late_writes", "over_commits", "double_allocations", "lost_allocations",
+                      "leaked_node_locks", "crashes", "other_violations", "unclean_stops", "harness_errors",
+                      "unanswered_rpcs"), 0)
 
 
 def adm(pod: str, uid: str, admitted: bool, answered: float = 10.0, devices=(), node: str = "n1",
@@ -53,14 +56,25 @@ def test_a_success_that_reaches_the_api_after_the_kubelets_error_is_a_late_write
     early = SuccessWrite(9.9, "ns", "p", "u1", "PATCH")
     late = SuccessWrite(10.2, "ns", "p", "u1", "PATCH")
     other_pod = SuccessWrite(11.0, "ns", "p", "u-new", "PATCH")  # same name, re-created pod
-    assert late_writes([rejected], [early, other_pod], {}) == []
-    found = late_writes([rejected], [early, late], {})
+    merge = SuccessWrite(10.5, "ns", "p", None, "PATCH")  # a merge patch names the pod, not its uid
+    assert late_writes([rejected], [early, other_pod]) == []
+    found = late_writes([rejected], [early, late])
     assert len(found) == 1 and "0.200s after the kubelet's error" in found[0]
-    # no late request seen, but the final state says success on a rejected pod: counted as well
-    final = {"u1": pod("p", "u1", {keys.BIND_PHASE: "success"})}
-    assert len(late_writes([rejected], [early], final)) == 1
-    # an admitted pod's success is no late write
-    assert late_writes([adm("ns/p", "u1", True)], [late], final) == []
+    assert len(late_writes([rejected], [merge])) == 1
+    assert late_writes([adm("ns/p", "u1", True)], [late]) == []  # an admitted pod's success is no late write
+
+
+def test_a_success_state_on_a_rejected_pod_fails_as_another_violation():
+    dev = NodeDevice(id="GPU-1", index=0, count=2, devmem=1000, devcore=100, type="NVIDIA-X", numa=0,
+                     mode="hami-core", health=True)
+    node = {"metadata": {"name": "n1", "annotations": {keys.NODE_REGISTER: encode_node_devices([dev])}}}
+    alloc = encode_pod_devices([[ContainerDevice("GPU-1", "NVIDIA", 800, 10)]])
+    p = pod("p", "u1", {keys.VGPU_NODE: "n1", keys.DEVICES_ALLOCATED: alloc, keys.BIND_PHASE: "success"})
+    p["status"]["phase"] = "Failed"
+    counts, _ = state_counts([node], [p], [adm("ns/p", "u1", False)], [], [], stall_limit_s=7, now=1.0)
+    assert counts["other_violations"] == 1 and counts["violations"] == {"allocated-no-devices": 1}
+    assert verdict({**ZERO, **counts, "max_nvml_processes": 0, "max_abandoned_workers": 0}, k=2) == \
+        ["other_violations=1"]
 
 
 def test_stalls_slow_and_unanswered_rpcs():
@@ -116,9 +130,7 @@ def test_tracebacks_in_logs_are_found(tmp_path):
 
 
 def test_verdict_and_the_json_lines_order():
-    counts = {k: 0 for k in ("late_writes", "over_commits", "double_allocations", "lost_allocations",
-                             "leaked_node_locks", "crashes", "other_violations", "unclean_stops",
-                             "harness_errors", "unanswered_rpcs")}
+    counts = dict(ZERO)
     counts.update(seconds=60, seed=1, pods_admitted=5, admission_stalls=1, max_nvml_processes=3,
                   max_abandoned_workers=2, extra="x")
     assert verdict(counts, k=2) == []  # a slow-but-answered RPC is reported, not failed
