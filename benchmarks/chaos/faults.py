@@ -101,9 +101,6 @@ class FaultRunner:
         for t in self._threads:
             t.join(60)
         self.quiesce()
-        with open(self.log_path, "w") as fh:
-            for a in self.actions:
-                fh.write(json.dumps(a.__dict__) + "\n")
 
     def _wait_until(self, offset: float) -> bool:
         """Sleep until ``offset`` seconds after t0; False when stopped meanwhile."""
@@ -119,6 +116,8 @@ class FaultRunner:
                    f.kind, f.target, phase, detail)
         with self._lock:
             self.actions.append(a)
+            with open(self.log_path, "a") as fh:  # as it happens: a long soak can be followed
+                fh.write(json.dumps(a.__dict__) + "\n")
 
     def _lane(self, faults: list[Fault]) -> None:
         for f in faults:
