@@ -66,7 +66,6 @@ class ChaosApiServer(ApiServer):
         super().__init__(**kwargs)
         self.success_writes: list[SuccessWrite] = []
         self._sw_lock = threading.Lock()
-        self.outages = 0
 
     def _log(self, rec: Any) -> None:  # called once per request, after the body is read
         super()._log(rec)
@@ -78,11 +77,6 @@ class ChaosApiServer(ApiServer):
     def writes(self) -> list[SuccessWrite]:
         with self._sw_lock:
             return list(self.success_writes)
-
-    def fault_window(self, code: int | None, *, path_regex: str | None, method: str | None, times: int,
-                     delay_s: float = 0.0, retry_after: int | None = None) -> Fault:
-        return self.inject_fault(code, path_regex=path_regex, method=method, times=times, delay_s=delay_s,
-                                 retry_after=retry_after)
 
     @staticmethod
     def end_fault(fault: Fault) -> None:

@@ -180,14 +180,13 @@ def _run(args: argparse.Namespace, seed: int, workdir: Path, status: Any) -> tup
         })
         if not converged:
             details["not_converged"] = [why]
-        crash_lines = list(watcher.crashes)
         agents = cluster.agents()
-    # the cluster is down: every log is complete, every final exit code known
+    # the cluster is down: every log is complete, every exit code known
     tb = report.scan_tracebacks([a.log_path for a in agents])
     unclean = [f"{a.name}: exit {e.rc}{' (SIGKILLed after the SIGTERM timeout)' if e.forced else ''}"
                for a in agents for e in a.unclean_stops()]
-    crash_lines += [f"{a.name} exited with code {e.rc}" for a in agents for e in a.crashes()
-                    if f"{a.name} exited with code {e.rc}" not in " ".join(crash_lines)]
+    crash_lines = [f"{a.name} exited with code {e.rc} at {e.at - t0:.1f}s (log {a.log_path})"
+                   for a in agents for e in a.crashes()]
     counts["crashes"] = len(crash_lines) + tb.count
     counts["tracebacks"] = tb.count
     counts["unclean_stops"] = len(unclean)

@@ -23,7 +23,6 @@ class Churn:
     t0: float = 0.0
     created: int = 0
     deleted: int = 0
-    late_s: float = 0.0  # worst delay of an action behind its planned time (API outages)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -58,7 +57,6 @@ class Churn:
                 self._stop.wait(0.1)
                 continue
             heapq.heappop(todo)
-            self.late_s = max(self.late_s, -left)
             p = self.plan.pods[i]
             try:
                 if what == "create":

@@ -11,12 +11,12 @@ this run's marker (NVML workers included); a FUSE mount of the D-state model is 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -183,7 +183,7 @@ class Cluster:
         s = self.settings
         root = self.workdir / name
         root.mkdir(parents=True, exist_ok=True)
-        sock_dir = Path(__import__("tempfile").mkdtemp(prefix=f"chaos{i}-", dir="/tmp"))
+        sock_dir = Path(tempfile.mkdtemp(prefix=f"chaos{i}-", dir="/tmp"))  # unix socket paths: < 108 bytes
         self._tmp.append(str(sock_dir))
         state = gs.load_profile("a100-80gb-x8")
         state["gpus"] = state["gpus"][: s.gpus_per_node]
@@ -296,7 +296,3 @@ class Cluster:
         if errors:
             print("chaos: clean-up problems: " + "; ".join(errors), file=sys.stderr)
 
-
-def describe(cluster: Cluster) -> str:
-    return json.dumps({"workdir": str(cluster.workdir), "nodes": list(cluster.node_names),
-                       "extenders": cluster.extender_urls})

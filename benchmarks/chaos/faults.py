@@ -312,7 +312,6 @@ class FaultRunner:
         api = self.cluster.api
         assert api is not None
         api.stop()
-        api.outages += 1
         self._record(f, "start")
         return api.start
 
@@ -320,7 +319,7 @@ class FaultRunner:
         api = self.cluster.api
         assert api is not None
         path, method = API_SCOPES[f.params["scope"]]
-        fault = api.fault_window(None, path_regex=path, method=method, times=10**9,
+        fault = api.inject_fault(None, path_regex=path, method=method, times=10**9,
                                  delay_s=float(f.params["delay_s"]))
         self._record(f, "start", json.dumps(f.params))
         return lambda: api.end_fault(fault)
@@ -329,7 +328,7 @@ class FaultRunner:
         api = self.cluster.api
         assert api is not None
         path, method = API_SCOPES[f.params["scope"]]
-        api.fault_window(int(f.params["code"]), path_regex=path, method=method, times=int(f.params["times"]),
+        api.inject_fault(int(f.params["code"]), path_regex=path, method=method, times=int(f.params["times"]),
                          retry_after=f.params.get("retry_after"))
         self._record(f, "start", json.dumps(f.params))
 

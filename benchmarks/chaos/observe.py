@@ -1,5 +1,6 @@
 """The soak's watcher: every ``interval_s`` it counts the NVML worker processes in /proc, restarts agents
-that exited on their own (and records the crash), and expires old events in the API server.
+that exited on their own (the agent records the crash), samples the agents' memory, and expires old
+events in the API server.
 
 NVML workers are counted per node and per agent (device plugin = ``--mode watch`` workers, monitor =
 ``--mode serve``), whoever their parent is now: a worker the previous device-plugin process left stuck in
@@ -35,7 +36,6 @@ class Watcher:
     max_nvml: Peak = field(default_factory=Peak)  # NVML workers of one (node, agent)
     max_abandoned: Peak = field(default_factory=Peak)  # killed-but-alive workers of one (node, agent)
     max_d_state: int = 0  # workers in state D, whole run
-    crashes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     events_expired: int = 0
     supervise: bool = True
@@ -64,10 +64,7 @@ class Watcher:
                     self.sample_rss()
                 if self.supervise:
                     for agent in self.cluster.agents():
-                        crash = agent.supervise()
-                        if crash is not None:
-                            self.crashes.append(f"{agent.name} exited with code {crash.rc} at "
-                                                f"{crash.at - self.t0:.1f}s (log {agent.log_path})")
+                        agent.supervise()  # a crash is recorded on the agent and restarted
                 api = self.cluster.api
                 if api is not None and api.running and time.monotonic() - last_janitor > 30:
                     self.events_expired += api.expire_events(300.0, self._events_seen)

@@ -205,7 +205,12 @@ class AgentProcess:
         """Stop on purpose (not a crash). Returns the exit code (None if it was not running)."""
         with self._lock:
             proc = self.proc
-            if proc is None or proc.poll() is not None:
+            if proc is None:
+                return None
+            if proc.poll() is not None:  # exited on its own before anyone noticed: that was a crash
+                if not self._expected and self._down_since is None:
+                    self.exits.append(Exit(time.monotonic(), proc.returncode, False))
+                self._expected, self._down_since = True, self._down_since or time.monotonic()
                 return None
             self._expected = True
             workers = self._workers()
