@@ -190,6 +190,8 @@ def _run(args: argparse.Namespace, seed: int, workdir: Path, status: Any) -> tup
     counts["crashes"] = len(crash_lines) + tb.count
     counts["tracebacks"] = tb.count
     counts["unclean_stops"] = len(unclean)
+    counts["max_stop_s"] = round(max((e.took_s for a in agents for e in a.exits
+                                      if e.expected and e.sig == signal.SIGTERM), default=0.0), 1)
     counts["harness_errors"] = len(harness_errors)
     details.update({"crashes": crash_lines + tb.samples, "unclean_stops": unclean,
                     "harness_errors": harness_errors})

@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks.chaos.api import ChaosApiServer
 from benchmarks.chaos.kubelet import GPU, ChaosKubelet, RpcLog
-from benchmarks.chaos.procs import RUN_ENV, AgentProcess, ProcScanner, kill_run
+from benchmarks.chaos.procs import RUN_ENV, STOP_TIMEOUT_S, AgentProcess, ProcScanner, kill_run
 from hami_agent.k8s.client import KubeClient
 from hami_agent.protocol import keys
 from hami_agent.scheduler.leadership import URL_ANNOTATION
@@ -278,12 +278,12 @@ class Cluster:
             guard("kube-scheduler", self.scheduler.stop)
         for node in self.nodes.values():
             guard(f"{node.name} kubelet", node.kubelet.close)
-        stoppers = [threading.Thread(target=guard, args=(a.name, lambda a=a: a.stop(signal.SIGTERM, 10.0)))
+        stoppers = [threading.Thread(target=guard, args=(a.name, lambda a=a: a.stop(signal.SIGTERM)))
                     for a in self.agents()]
         for t in stoppers:
             t.start()
         for t in stoppers:
-            t.join(30)
+            t.join(STOP_TIMEOUT_S + 15)
         if self.run_id:
             guard("kill leftovers", lambda: kill_run(self.run_id))
         if self.api is not None:

@@ -247,7 +247,7 @@ class FaultRunner:
     # ------------------------------------------------------------------------------ node agents
     def _plugin_restart(self, f: Fault) -> None:
         node = self._node(f)
-        rc = node.plugin.stop(signal.SIGTERM, 20.0)
+        rc = node.plugin.stop(signal.SIGTERM)
         node.plugin.start()
         self._record(f, "start", f"exit code {rc}")
 
@@ -354,7 +354,7 @@ class FaultRunner:
         else:
             i = int(which.rsplit("-", 1)[1])
         ext = self.cluster.extenders[i]
-        rc = ext.stop(signal.SIGTERM, 20.0)
+        rc = ext.stop(signal.SIGTERM)
         self._record(f, "start", f"SIGTERM {ext.name} ({which}), exit code {rc}")
         return ext.start
 

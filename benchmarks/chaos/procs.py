@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RUN_ENV = "HAMI_CHAOS_RUN"
+STOP_TIMEOUT_S = 20.0  # TimeoutStopSec of the roles' units (hami-device-plugin/-monitor/-scheduler.service)
 WORKER_MARK = b"hami_agent.nvml.worker"
 SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
@@ -153,6 +154,7 @@ class Exit:
     expected: bool
     forced: bool = False  # asked to stop (SIGTERM) and did not within the timeout: SIGKILLed
     sig: int | None = None  # the signal it was asked to stop with
+    took_s: float = 0.0  # from the signal to the exit
 
 
 @dataclass
@@ -201,7 +203,7 @@ class AgentProcess:
         pid = self.pid
         return [w for w in self.scanner.workers() if w.ppid == pid] if pid else []
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int | None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """Stop on purpose (not a crash). Returns the exit code (None if it was not running)."""
         with self._lock:
             proc = self.proc
@@ -219,13 +221,14 @@ class AgentProcess:
             except OSError:
                 pass
             forced = False
+            asked = time.monotonic()
             try:
                 rc = proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rc = proc.wait(10)
                 forced = True
-            self.exits.append(Exit(time.monotonic(), rc, True, forced, sig))
+            self.exits.append(Exit(time.monotonic(), rc, True, forced, sig, time.monotonic() - asked))
             self._down_since = time.monotonic()
         for w in workers:  # KillMode=mixed: what is left of the unit gets SIGKILL
             if start_time(w.pid) == w.start_time:
@@ -263,7 +266,8 @@ class AgentProcess:
         return [e for e in self.exits if not e.expected]
 
     def unclean_stops(self) -> list[Exit]:
-        """SIGTERM stops that did not end in time with exit code 0 (or by the SIGTERM itself, which systemd
-        also counts as a clean stop: a process still importing has no handler yet)."""
+        """SIGTERM stops that did not end with exit code 0 (or by the SIGTERM itself, which systemd also
+        counts as a clean stop: a process still importing has no handler yet) within the units'
+        ``TimeoutStopSec``."""
         return [e for e in self.exits if e.expected and e.sig == signal.SIGTERM
                 and (e.forced or e.rc not in (0, -signal.SIGTERM))]
