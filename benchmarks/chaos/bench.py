@@ -229,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     counts["wall_s"] = round(time.monotonic() - started, 1)
     counts["harness_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     counts.update(env)
+    line = json.dumps(json_line(counts))
     (workdir / "details.json").write_text(json.dumps(details, indent=2))
-    print(json.dumps(json_line(counts)), flush=True)
+    (workdir / "result.json").write_text(line + "\n")
+    print(line, flush=True)
     if failures:
         print(f"chaos: FAILED with seed {seed}: {', '.join(failures)}", file=sys.stderr)
         for name, lines in details.items():
