@@ -188,6 +188,7 @@ def state_counts(nodes: list[dict], pods: list[dict], admissions: list[Admission
         "other_violations": sum(other.values()),
         "violations": kinds,
         "admissions_failed": sum(1 for a in admissions if not a.admitted),
+        "success_writes": len(writes),  # what the late-write check had to look at
         "max_rpc_s": round(max(((r.end if r.end is not None else now) - r.start for r in rpcs),
                                default=0.0), 3),
         "pods_live_at_end": len(pods),
