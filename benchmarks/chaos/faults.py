@@ -82,6 +82,14 @@ class FaultRunner:
 
     def __post_init__(self) -> None:
         why = dstate.available()
+        if why is None:  # /dev/fuse opens; whether mount(2) is allowed (CAP_SYS_ADMIN) shows only by trying
+            probe = dstate.HangingFile(self.cluster.workdir / "fuse" / "probe")
+            try:
+                probe.mount()
+            except OSError as exc:
+                why = f"mounting a FUSE file system failed: {exc}"
+            finally:
+                probe.close()
         self.unkillable_model = "fuse-d-state" if why is None else f"killable-fallback ({why})"
 
     # ------------------------------------------------------------------------------ running
