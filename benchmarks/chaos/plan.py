@@ -7,11 +7,11 @@ offsets. What cannot be replayed exactly is the interleaving of the processes (t
 docs/testing.md, "Chaos soak", says what that means for a replay.
 
 Every fault kind has its own random stream (``random.Random("<seed>:<kind>")``), so changing the rate of one
-kind does not move the others. Each kind happens at least once in every run (its first occurrence is drawn
-uniformly over the run), then as a Poisson process at its rate. Faults that act on the same thing (the API
-server being up, one node's NVML, the extender pair, ...) share a *lane* and never overlap: an event whose
-lane is busy is moved to the moment the lane is free. Every fault window ends by ``seconds``; after that
-comes the quiet period (no faults, no new pods).
+kind does not move the others. Each kind is a Poisson process at its rate from the start of the run; a
+kind that draws no occurrence at all (a short run) gets one at a uniform time. Faults that act on the same
+thing (the API server being up, one node's NVML, the extender pair, ...) share a *lane* and never overlap:
+an event whose lane is busy is moved to the moment the lane is free. Every fault window ends by
+``seconds``; after that comes the quiet period (no faults, no new pods).
 """
 
 from __future__ import annotations
@@ -123,14 +123,14 @@ def node_names(n: int) -> tuple[str, ...]:
 
 
 def _times(rng: random.Random, rate_per_s: float, seconds: float) -> list[float]:
-    """First occurrence uniform over the run, then a Poisson process at ``rate_per_s``."""
-    t = rng.uniform(0.0, seconds * 0.9)
-    out = [t]
-    while True:
-        t += rng.expovariate(rate_per_s)
-        if t >= seconds:
-            return out
+    """A Poisson process at ``rate_per_s`` over the run; when it draws nothing (short runs, rare kinds),
+    one occurrence at a uniform time."""
+    out: list[float] = []
+    t = rng.expovariate(rate_per_s)
+    while t < seconds:
         out.append(t)
+        t += rng.expovariate(rate_per_s)
+    return out or [rng.uniform(0.0, seconds * 0.9)]
 
 
 def _params(kind: str, rng: random.Random, n_gpus: int) -> dict[str, Any]:
