@@ -60,9 +60,9 @@ def _sigterm(*_: Any) -> None:
 
 def converge(cluster: Any, quiet_s: float) -> tuple[bool, float, str]:
     """Wait (at most ``quiet_s``) until the system has settled: both extender replicas ready, every pending
-    pod tried by kube-scheduler since then (bound, or refused with a reason), no bound pod waiting for its
-    admission, no kubelet busy, and the invariants hold. Returns (settled, seconds waited, what was still
-    unsettled when it gave up)."""
+    pod refused by kube-scheduler since then for a fit reason (an error, e.g. no leader yet, is retried),
+    no bound pod waiting for its admission, no kubelet busy, and the invariants hold. Returns (settled,
+    seconds waited, what was still unsettled when it gave up)."""
     from benchmarks.chaos.cluster import http_ok
     from hami_agent.doctor.invariants import check
 
@@ -76,22 +76,23 @@ def converge(cluster: Any, quiet_s: float) -> tuple[bool, float, str]:
         api = cluster.api
         pods = api.list("Pod")
         admitted = {a.uid for n in cluster.nodes.values() for a in n.kubelet.admissions}
-        tried = set(sim.bound) | {key for key, _msg in sim.failures[marker or 0:]}
+        last = {key: msg for key, msg in sim.failures[marker or 0:]}  # latest outcome per pod since then
         untried, waiting = [], []
         for p in pods:
             md, spec = p["metadata"], p.get("spec") or {}
             if (p.get("status") or {}).get("phase") != "Pending":
                 continue
             key = f"{md.get('namespace')}/{md['name']}"
-            if not spec.get("nodeName") and (marker is None or key not in tried):
-                untried.append(key)
+            if not spec.get("nodeName") and (marker is None or not last.get(key, "").startswith("0/")):
+                untried.append(key)  # not yet refused for a fit reason ("0/4 nodes are available: ...")
             elif spec.get("nodeName") and md.get("uid") not in admitted:
                 waiting.append(key)
         busy = [n.name for n in cluster.nodes.values() if n.kubelet.in_admission() or n.kubelet.waiting()]
         rep = check(api.list("Node"), pods)
         if marker is not None and not untried and not waiting and not busy and rep.ok:
             return True, time.monotonic() - start, ""
-        why = (f"extenders ready: {marker is not None}; {len(untried)} pending pods not tried since; "
+        why = (f"extenders ready: {marker is not None}; {len(untried)} pending pods not refused for a fit "
+               f"reason since; "
                f"{len(waiting)} bound pods not admitted; kubelets busy: {busy}; "
                f"invariants: {rep.by_kind() or 'hold'}")
         if time.monotonic() - start > quiet_s:

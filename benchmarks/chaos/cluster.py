@@ -36,6 +36,7 @@ from tests.sim.kube_scheduler import KubeSchedulerSim
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_NS, LEASE_NAME = "kube-system", "hami-scheduler"
+START_S = 150.0  # each start-up wait
 
 
 @dataclass(frozen=True)
@@ -158,14 +159,17 @@ class Cluster:
         for ext in self.extenders:
             ext.start()
         want = self.settings.gpus_per_node * self.settings.split
+        # generous: on a loaded machine ten Python processes importing at once take a while
         for node in self.nodes.values():
-            if not node.kubelet.kubelet.wait_registered(GPU, 90, min_devices=want):
-                raise RuntimeError(f"{node.name}: the device plugin did not register {want} devices in 90s "
-                                   f"(log {node.plugin.log_path})")
-        if not wait_for(self._registered_everywhere, 60):
-            raise RuntimeError("the nodes' hami.io/node-nvidia-register annotations did not appear in 60s")
-        if not wait_for(lambda: all(http_ok(u + "/readyz") for u in self.extender_urls), 60):
-            raise RuntimeError(f"the extender replicas were not ready after 60s (logs: {self.workdir})")
+            if not node.kubelet.kubelet.wait_registered(GPU, START_S, min_devices=want):
+                raise RuntimeError(f"{node.name}: the device plugin did not register {want} devices in "
+                                   f"{START_S:g}s (log {node.plugin.log_path})")
+        if not wait_for(self._registered_everywhere, START_S):
+            raise RuntimeError("the nodes' hami.io/node-nvidia-register annotations did not appear in "
+                               f"{START_S:g}s")
+        if not wait_for(lambda: all(http_ok(u + "/readyz") for u in self.extender_urls), START_S):
+            raise RuntimeError(f"the extender replicas were not ready after {START_S:g}s "
+                               f"(logs: {self.workdir})")
         self.scheduler = KubeSchedulerSim(self.client, list(self.extender_urls), workers=2,
                                           initial_backoff_s=0.5, max_backoff_s=5.0, http_timeout_s=30.0)
         self.scheduler.start()
