@@ -145,6 +145,9 @@ def _run(args: argparse.Namespace, seed: int, workdir: Path, status: Any) -> tup
             part.start(t0)
         try:
             time.sleep(max(0.0, t0 + args.seconds - time.monotonic()))
+        except BaseException:
+            watcher.stop()  # interrupted: no restarts while the cluster is torn down
+            raise
         finally:
             churn.stop()
             faults.stop()
@@ -201,8 +204,12 @@ def _run(args: argparse.Namespace, seed: int, workdir: Path, status: Any) -> tup
 
 def environment() -> dict[str, Any]:
     return {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
-            "load_1m": round(os.getloadavg()[0], 1),
+            "load_1m": round(os.getloadavg()[0], 1),  # when the run started
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def load_at_end() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())  # 1, 5 and 15 minutes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.chaos.report import json_line
 
     counts["wall_s"] = round(time.monotonic() - started, 1)
+    counts["load_at_end"] = load_at_end()
     counts["harness_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     counts.update(env)
     line = json.dumps(json_line(counts))
