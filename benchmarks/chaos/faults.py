@@ -78,7 +78,6 @@ class FaultRunner:
     _threads: list[threading.Thread] = field(default_factory=list)
     _fuse: dict[str, Any] = field(default_factory=dict)  # node -> HangingFile of the active episode
     _fuse_n: int = 0
-    _api_faults: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         why = dstate.available()
