@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps gpusim test test-fast lint bench demo demo-quick sandbox-up sandbox-down clean
+.PHONY: setup system-deps gpusim test test-fast lint bench chaos demo demo-quick sandbox-up sandbox-down clean
 
 setup: $(STAMP) gpusim
 
@@ -38,6 +38,13 @@ lint: setup
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks
+
+# The chaos soak (docs/testing.md "Chaos soak"): make chaos [CHAOS_SECONDS=3600] [CHAOS_SEED=17] [CHAOS_NODES=4]
+CHAOS_SECONDS ?= 60
+CHAOS_NODES ?= 4
+chaos: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks chaos --seconds $(CHAOS_SECONDS) \
+		--nodes $(CHAOS_NODES) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 # The main job on the embedded default: the sandbox of simulated GPU nodes (needs root + podman).
 demo: setup

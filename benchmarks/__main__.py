@@ -1,4 +1,7 @@
-"""Run every ``benchmarks/<name>/bench.py`` (or only the names given): ``python -m benchmarks [name ...]``."""
+"""Run every ``benchmarks/<name>/bench.py`` (or only the names given): ``python -m benchmarks [name ...]``.
+
+``python -m benchmarks NAME --flag ...`` runs one benchmark with its own flags (e.g. ``chaos --seconds 60``).
+A bench module with ``RUN_BY_DEFAULT = False`` (the chaos soak) runs only when named."""
 
 from __future__ import annotations
 
@@ -20,17 +23,23 @@ def main(argv: list[str] | None = None) -> int:
     if args in (["-h"], ["--help"]):
         print(f"usage: python -m benchmarks [name ...]   (available: {', '.join(names)})")
         return 0
+    flags: list[str] = []
+    if len(args) > 1 and args[0] in names and args[1].startswith("-"):
+        args, flags = args[:1], args[1:]  # one benchmark with its own flags
     unknown = [a for a in args if a not in names]
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(names)}", file=sys.stderr)
         return 2
     failed = []
-    for name in args or names:
-        print(f"=== benchmark {name} ===", flush=True)
+    chosen = args or [n for n in names
+                      if getattr(importlib.import_module(f"benchmarks.{n}.bench"), "RUN_BY_DEFAULT", True)]
+    banner = sys.stderr if args == chosen[:1] == chosen else sys.stdout  # one named: stdout is its own
+    for name in chosen:
+        print(f"=== benchmark {name} ===", file=banner, flush=True)
         start = time.monotonic()
         module = importlib.import_module(f"benchmarks.{name}.bench")
-        rc = int(module.main([]) or 0)
-        print(f"=== {name}: exit {rc} in {time.monotonic() - start:.1f}s ===", flush=True)
+        rc = int(module.main(flags) or 0)
+        print(f"=== {name}: exit {rc} in {time.monotonic() - start:.1f}s ===", file=banner, flush=True)
         if rc:
             failed.append(name)
     return 1 if failed else 0

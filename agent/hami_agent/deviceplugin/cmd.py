@@ -109,6 +109,18 @@ def build_settings(args: argparse.Namespace, cfg: Any) -> Any:
     )
 
 
+def registrar_config(cfg: Any, settings: Any) -> Any:
+    """The config the node register loop publishes from, with the plugin's effective settings: a
+    ``--device-split-count`` flag overrides ``deviceSplitCount`` for the annotation's ``count`` as it does
+    for the kubelet's replicas (the chaos soak found the annotation saying 10 slots per GPU while the
+    kubelet had 4 replicas: the scheduler then placed pods the kubelet could not admit)."""
+    from dataclasses import replace
+
+    if cfg.node.device_split_count == settings.device_split_count:
+        return cfg
+    return replace(cfg, node=replace(cfg.node, device_split_count=settings.device_split_count))
+
+
 def _config_summary(settings: Any) -> str:
     keys = ("mode", "mig_strategy", "device_split_count", "device_memory_scaling", "device_core_scaling",
             "enable_numa_topology", "hook_path", "rpc_deadline_s", "registration_mode")
@@ -256,9 +268,11 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
     if client is not None and not args.no_node_register:
         from hami_agent.deviceplugin.register import NodeRegistrar
 
-        # The annotation advertises the mode this plugin serves (mig: the profiles dynamic MIG discovered).
+        # The annotation advertises the mode this plugin serves (mig: the profiles dynamic MIG discovered),
+        # and as many sharing slots per GPU as it advertises replicas to the kubelet.
         # The node is read from the node watch (no GET every 30 s); a change by someone else wakes the loop.
-        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot, cfg,
+        registrar = NodeRegistrar(client, settings.node_name, manager.current_snapshot,
+                                  registrar_config(cfg, settings),
                                   mode=settings.mode, mig_lock=manager.mig_lock,  # the plugin's lock and rule
                                   node_source=lambda: node_inf.get(None, settings.node_name),
                                   mig_profiles=mig.profiles if mig is not None else None)

@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-gpu-num", type=int, default=None, help="nvidia.com/gpu added by the webhook")
     p.add_argument("--node-label-selector", default=None, help="only consider nodes matching this selector")
     p.add_argument("--register-interval", type=parse_duration, default=15.0, help="node register loop period")
+    p.add_argument("--audit-interval", type=parse_duration, default=60.0,
+                   help="how often the leader releases node locks whose owner no longer needs them and "
+                        "re-reads unconfirmed cache entries (default 60s)")
     p.add_argument("--force-overwrite-default-scheduler", default="true", choices=("true", "false"))
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
     # -- who may call /filter, /prioritize, /bind (docs/scheduler.md "Authentication")
@@ -185,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
                                   cert_file=args.forward_cert_file or None,
                                   key_file=args.forward_key_file or None)
         serving = build_serving(args)
+        if args.audit_interval < 1:
+            raise ValueError(f"--audit-interval {args.audit_interval:g}s: want at least 1s")
     except (ValueError, OSError) as exc:
         logger.error("bad flags: %s", exc)
         return 2
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             profiling=args.profiling, max_body=args.max_body_bytes, metrics_bind=mhost_port,
             register_interval_s=args.register_interval, node_label_selector=args.node_label_selector,
             tune_gc=True, leader_kwargs=leader_kwargs, advertise_url=args.advertise_url or None,
-            forward=forward, serving=serving)
+            forward=forward, serving=serving, audit_interval_s=args.audit_interval)
         app.start()
     except ValueError as exc:  # a listener/auth combination that would not protect the verbs
         logger.error("bad flags: %s", exc)

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from hami_agent.protocol import keys
+from hami_agent.protocol import decode_node_devices, keys
 from tests.gpusim import gpusim_state as gs
 from tests.integration.deviceplugin.conftest import NODE
 from tests.unit.deviceplugin.fakes import ctr, hami_pod
@@ -105,6 +105,10 @@ def test_device_plugin_process_end_to_end(gpusim_factory, api_server, kubelet, s
             ),
             15,
         ), log_path.read_text()[-3000:]
+        # ... with as many sharing slots per GPU as the kubelet got replicas (--device-split-count 4)
+        registered = decode_node_devices(api_server.get("nodes", None, NODE)["metadata"]["annotations"][
+            keys.NODE_REGISTER])
+        assert {d.count for d in registered} == {4}, registered
 
         # a pod as HAMi's scheduler leaves it: annotations + node lock
         pod = hami_pod("vllm-0", NODE, [ctr("vllm", 1)], f"{full[2]},NVIDIA,20000,50:;")

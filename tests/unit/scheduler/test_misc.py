@@ -64,6 +64,19 @@ def test_durations_and_flags():
     assert cfg.node_lock_timeout_s == 120 and cfg.scheduler_name == "hami-scheduler"
 
 
+def test_audit_interval_flag():
+    from hami_agent.scheduler.cmd import run
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--config")
+    p.add_argument("--kubeconfig")
+    add_arguments(p)
+    assert p.parse_args([]).audit_interval == 60
+    assert p.parse_args(["--audit-interval", "5s"]).audit_interval == 5
+    # below 1 s the leader's audit would spin: refused before anything starts
+    assert run(p.parse_args(["--audit-interval", "500ms"])) == 2
+
+
 def test_event_texts():
     msgs = ev.filtering_failed_messages({"a": "1/2 CardInsufficientMemory, 1/2 CardTypeMismatch",
                                          "b": "2/2 CardInsufficientMemory", "c": "NodeInsufficientDevice"})
