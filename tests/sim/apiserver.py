@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.sim.apiserver_policy import Policy, route_eviction
 from tests.sim.apiserver_store import (
     RESOURCES,
     ApiError,
@@ -176,6 +177,9 @@ class ApiServer:
 
     def __init__(self, port: int = 0, history_limit: int = 1000, bookmark_interval_s: float = 1.0) -> None:
         self.store = Store(history_limit=history_limit)
+        # eviction, PodDisruptionBudgets, graceful pod deletion (apiserver_policy.py); e.g.
+        # ``api.policy.graceful_deletion = True``
+        self.policy = Policy(self.store)
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: deque[RequestRecord] = deque(maxlen=2000)
         self._port = port
@@ -229,6 +233,7 @@ class ApiServer:
                                         name=f"apiserver-{self._port}", daemon=True)
         self._thread.start()
         self._write_kubeconfig()
+        self.policy.start()
         return self
 
     def stop(self) -> None:
@@ -236,6 +241,7 @@ class ApiServer:
         httpd = self._httpd
         if httpd is None:
             return
+        self.policy.stop()
         self._stopping.set()
         with self.store.condition:
             self.store.condition.notify_all()
@@ -420,6 +426,8 @@ class ApiServer:
                     raise bad_request("the request body must be a JSON object")
                 return 201, store.create(rt, route.namespace, body)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection here")
+        if route.subresource == "eviction":
+            return route_eviction(self.policy, method, route.namespace, route.name, body)
         if route.subresource == "binding":
             if method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "only POST is supported on pods/binding")
@@ -438,6 +446,11 @@ class ApiServer:
             return 200, store.patch(rt, route.namespace, route.name, content_type or "", body,
                                     route.subresource)
         if method == "DELETE":
+            if rt.plural == "pods":
+                options = dict(body) if isinstance(body, dict) else {}
+                if query.get("gracePeriodSeconds", "").isdigit():
+                    options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+                return 200, self.policy.delete_pod(route.namespace, route.name, options)
             pre = None
             if isinstance(body, dict):
                 pre = (body.get("preconditions") or {}).get("resourceVersion")

@@ -55,7 +55,7 @@ RESOURCES: tuple[ResourceType, ...] = (
                  ("metadata.name", "status.phase")),
     ResourceType("nodes", "Node", "", "v1", False, ("status",),
                  ("metadata.name", "spec.unschedulable")),
-    ResourceType("pods", "Pod", "", "v1", True, ("status", "binding"),
+    ResourceType("pods", "Pod", "", "v1", True, ("status", "binding", "eviction"),
                  ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
                   "spec.schedulerName", "spec.serviceAccountName", "status.phase", "status.podIP",
                   "status.nominatedNodeName")),
@@ -67,6 +67,9 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("resourcequotas", "ResourceQuota", "", "v1", True, ("status",)),
     ResourceType("configmaps", "ConfigMap", "", "v1", True),
     ResourceType("leases", "Lease", "coordination.k8s.io", "v1", True),
+    # eviction, PodDisruptionBudgets and the ReplicaSets a budget's percentage counts: apiserver_policy.py
+    ResourceType("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("status",)),
+    ResourceType("replicasets", "ReplicaSet", "apps", "v1", True, ("status",)),
 )
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -317,6 +320,11 @@ class Store:
     _history: list[HistoryEntry] = field(default_factory=list)
     _history_rvs: list[int] = field(default_factory=list)
     _compacted_rv: int = 0  # watches resuming from an RV below this get 410 Expired
+    # Hooks for behaviour modelled in other modules (apiserver_policy.py), called under the store lock:
+    # on_write(rt, old, new, subresource) may adjust ``new`` (a fresh copy) or raise ApiError before a
+    # create/update is stored; on_change(entry) sees every recorded change.
+    on_write: list[Callable[[ResourceType, Obj | None, Obj, str | None], None]] = field(default_factory=list)
+    on_change: list[Callable[[HistoryEntry], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:
@@ -343,6 +351,8 @@ class Store:
             self._compacted_rv = self._history_rvs[drop - 1]
             del self._history[:drop]
             del self._history_rvs[:drop]
+        for hook in self.on_change:
+            hook(self._history[-1])
         self._cond.notify_all()
 
     def _next_rv(self) -> str:
@@ -417,6 +427,8 @@ class Store:
                 obj.setdefault("status", {}).setdefault("phase", "Pending")
             if rt.plural == "namespaces":
                 obj.setdefault("status", {"phase": "Active"})
+            for hook in self.on_write:
+                hook(rt, None, obj, None)
             return self._create_locked(rt, ns, obj)
 
     def _create_locked(self, rt: ResourceType, ns: str, obj: Obj) -> Obj:
@@ -471,6 +483,8 @@ class Store:
             new["metadata"] = new_meta
             new["apiVersion"] = rt.api_version
             new["kind"] = rt.kind
+            for hook in self.on_write:
+                hook(rt, old, new, subresource)
             if new == old:
                 return old  # no-op: no new resourceVersion, no event (like the real server)
             new = copy.deepcopy(new)
