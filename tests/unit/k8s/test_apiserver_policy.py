@@ -225,7 +225,7 @@ def test_graceful_deletion_keeps_the_pod_until_its_kubelet_confirms(world) -> No
     store.patch(PODS, "default", "web-0", "application/merge-patch+json",
                 {"metadata": {"deletionTimestamp": None, "labels": {"x": "1"}}})
     kept = store.get(PODS, "default", "web-0")["metadata"]
-    assert kept["deletionTimestamp"] == pod["metadata"]["deletionTimestamp"] and kept["labels"] == {"x": "1"}
+    assert kept["deletionTimestamp"] == pod["metadata"]["deletionTimestamp"] and kept["labels"]["x"] == "1"
     # a longer grace period changes nothing, a shorter one shortens it, 0 removes the pod (the kubelet)
     assert policy.delete_pod("default", "web-0", {"gracePeriodSeconds": 60})["metadata"][
         "deletionGracePeriodSeconds"] == 20
