@@ -1,20 +1,46 @@
 """Run the SIMULATED Kubernetes API server (tests/sim/apiserver.py) as a process on a fixed loopback
 port and write a kubeconfig for it: ``python -m sandbox.apiserver_main --port 16443 --kubeconfig PATH``.
 
-The data lives in memory: stopping this process is a cluster wipe (``sandbox down``).
+The data lives in memory: stopping this process is a cluster wipe (``sandbox down``). With
+``--graceful-deletion`` a deleted pod that runs on a node terminates first (``deletionTimestamp``) and is
+removed when its (simulated) kubelet confirms, as on a real cluster; ``--request-log FILE`` appends one JSON
+line per request (time, method, path, query; the body of node writes and evictions), so a test can show
+what a playbook run asked of the API.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import threading
+import time
+from typing import IO
 
-from tests.sim.apiserver import ApiServer
+from tests.sim.apiserver import ApiServer, RequestRecord
+
+LOGGED_BODIES = ("/nodes/", "/eviction")  # bodies worth keeping: cordons, annotations, evictions
+
+
+def log_requests(api: ApiServer, fh: IO[str]) -> None:
+    """Append every request the server receives to ``fh`` as a JSON line."""
+    lock = threading.Lock()
+    keep = api._log
+
+    def log(rec: RequestRecord) -> None:
+        keep(rec)
+        body = rec.body if any(p in rec.path for p in LOGGED_BODIES) and rec.method != "GET" else None
+        line = json.dumps({"t": round(time.time(), 3), "method": rec.method, "path": rec.path,
+                           "query": rec.query, "body": body})
+        with lock:
+            fh.write(line[:8000] + "\n")
+            fh.flush()
+
+    api._log = log  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,13 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--kubeconfig", required=True, help="write a kubeconfig pointing at the server here")
+    p.add_argument("--graceful-deletion", action="store_true",
+                   help="pods on a node terminate until their kubelet confirms the deletion")
+    p.add_argument("--request-log", help="append every request as a JSON line to this file")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s apiserver %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    api = ApiServer(port=args.port)
+    api.policy.graceful_deletion = args.graceful_deletion
+    request_log = open(args.request_log, "a") if args.request_log else None  # noqa: SIM115 - lives with the server
+    if request_log is not None:
+        log_requests(api, request_log)
     try:
-        api = ApiServer(port=args.port).start()
+        api.start()
     except OSError as exc:
         logging.error(
             "cannot listen on 127.0.0.1:%d: %s (is another sandbox running? `python -m sandbox down`)",
@@ -44,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("serving the simulated Kubernetes API on %s (kubeconfig %s)", api.url, args.kubeconfig)
     stop.wait()
     api.close()
+    if request_log is not None:
+        request_log.close()
     return 0
 
 
