@@ -656,7 +656,7 @@ class Demo:
         self.check(f"{ro.GATE_FAULT_NODE} failed its nvml gate and stays cordoned, annotated and with an "
                    "event naming the gate and its runbook",
                    n["spec"].get("unschedulable") is True and ann.get(ro.FAILED_GATE) == "nvml"
-                   and "ROLLOUT_GATE_FAILED.md#nvml" in ann.get(ro.RUNBOOK, "") and bool(events),
+                   and "rollout_gates.md#nvml" in ann.get(ro.RUNBOOK, "") and bool(events),
                    f"{ro.FAILED_GATE}={ann.get(ro.FAILED_GATE)}, {ro.RUNBOOK}={ann.get(ro.RUNBOOK)}, "
                    f"event: {events[0]['message'][:160] if events else 'none'}")
         reqs = ro.requests_between(self.sb.request_log, t0, t1)

@@ -84,7 +84,7 @@ def test_operator_cordon_survives_and_a_failed_gate_parks_the_node(monkeypatch) 
         assert not gates["gates"]["device_plugin"]["ok"]
 
         parked = _run(c, monkeypatch, name="gpu-1", state="park", gate="device_plugin",
-                      runbook="docs/runbooks/ROLLOUT_GATE_FAILED.md#device_plugin",
+                      runbook="docs/runbooks/rollout_gates.md#device_plugin",
                       message=gates["gates"]["device_plugin"]["detail"])
         assert parked["changed"] and parked["node"]["unschedulable"]
         assert parked["node"]["cordoned_by"] == "hami.node"
@@ -92,4 +92,4 @@ def test_operator_cordon_survives_and_a_failed_gate_parks_the_node(monkeypatch) 
         assert ann["hami.io/maintenance-failed-gate"] == "device_plugin"
         events = [e for e in c.api.list("events") if e["reason"] == "HamiMaintenanceGateFailed"]
         assert len(events) == 1 and events[0]["involvedObject"]["name"] == "gpu-1"
-        assert "ROLLOUT_GATE_FAILED.md#device_plugin" in events[0]["message"]
+        assert "rollout_gates.md#device_plugin" in events[0]["message"]

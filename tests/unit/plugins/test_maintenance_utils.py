@@ -251,14 +251,14 @@ def test_check_mode_plans_without_writing() -> None:
 def test_park_keeps_the_node_cordoned_and_says_why() -> None:
     api = FakeApi([])
     e, _ = engine(api)
-    assert e.park("nvml", "docs/runbooks/ROLLOUT_GATE_FAILED.md#nvml", "NVML did not answer within 15s")
+    assert e.park("nvml", "docs/runbooks/rollout_gates.md#nvml", "NVML did not answer within 15s")
     ann = api.node["metadata"]["annotations"]
     assert api.node["spec"]["unschedulable"] is True  # it had been uncordoned: cordoned again, as ours
     assert ann[m.FAILED_GATE] == "nvml" and ann[m.RUNBOOK].endswith("#nvml")
     assert ann[m.CORDONED_BY] == "hami.node"
     (node, type_, reason, msg), = api.events
     assert (node, type_, reason) == ("gpu-1", "Warning", "HamiMaintenanceGateFailed")
-    assert "gate nvml failed" in msg and "ROLLOUT_GATE_FAILED.md#nvml" in msg
+    assert "gate nvml failed" in msg and "rollout_gates.md#nvml" in msg
 
 
 def test_api_gates() -> None:
