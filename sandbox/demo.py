@@ -256,7 +256,7 @@ class Demo:
     def step_b(self) -> None:
         self.header("b", "provision the nodes with the real playbooks")
         if SITE.exists():
-            proc = self.playbook(SITE, "site", timeout_s=900)
+            proc = self.playbook(SITE, "site", timeout_s=2400)
             self.check(
                 "ansible-playbook playbooks/site.yml succeeded",
                 proc.returncode == 0,
@@ -552,9 +552,11 @@ class Demo:
     def roll(self, log: str, report_dir: Path) -> tuple[subprocess.CompletedProcess, float, float]:
         report_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
+        # the parts a driver pin can touch (and MIG / MPS, whose drift run 2 repairs): the rest of
+        # site.yml has nothing to do here and would only lengthen every batch
         proc = self.playbook(SITE, log, "-e", f"nvidia_driver_version={ro.NEW_DRIVER}", "-e",
                              f"site_serial={ro.SERIAL}", "-e", f"site_rollout_report_dir={report_dir}",
-                             timeout_s=1500)
+                             "--tags", ro.ROLL_TAGS, timeout_s=2400)
         return proc, t0, time.time()
 
     def step_e(self) -> None:

@@ -28,12 +28,13 @@ NEW_DRIVER = "570.195.03"
 OLD_DRIVER = "570.172.08"
 MIG_NODE = "gpu-h20"  # gets MIG drift before the second run
 MPS_NODE = "gpu-a100"  # gets MPS compute-mode drift before the second run
-GATE_FAULT_NODE = "gpu-h100-a"  # loses a GPU: fails its NVML gate in the first run
-OPERATOR_NODE = "gpu-h100-b"  # cordoned by "an operator" before the roll
+GATE_FAULT_NODE = "gpu-a100-2"  # loses a GPU: fails its NVML gate in the first run
+OPERATOR_NODE = "gpu-a100-3"  # cordoned by "an operator" before the roll
 CORDONED_BY = "hami.io/maintenance-cordoned-by"
 FAILED_GATE = "hami.io/maintenance-failed-gate"
 RUNBOOK = "hami.io/maintenance-runbook"
 SERIAL = 1
+ROLL_TAGS = "site_nvidia_driver,site_nvidia_mig,site_nvidia_mps"
 
 
 def workload() -> tuple[dict, dict]:

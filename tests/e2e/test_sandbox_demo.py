@@ -65,7 +65,7 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
                    "doctor is clean", "mig-3g got one 3g.48gb MIG device",
                    # issue 15: the rollout
                    "run 1 stopped at the first failed node", "failed its nvml gate and stays cordoned",
-                   "gpu-h100-b (the later batch) untouched",
+                   "gpu-a100-3 (the later batch) untouched",
                    "rolled and stays cordoned (its operator's cordon)",
                    "nvidia_mig change on a node with running GPU pods evicted them first",
                    "nvidia_mps change on a node with running GPU pods evicted them first",

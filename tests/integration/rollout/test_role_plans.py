@@ -7,6 +7,7 @@ and stops at the refusal before any role task."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def test_each_role_reports_what_would_disrupt_running_pods(tmp_path: Path) -> No
     state = gpusim_states.write(tmp_path / "state.json", gpusim_states.h20_state())
     module = _module_file(tmp_path, "570.172.08")
     kubelet = tmp_path / "kubelet-config.yaml"
-    kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 110\n")
+    kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                       "maxPods: 110\n")
     before = (state.read_text(), kubelet.read_text())
     extra = {
         "nvidia_driver_version": "570.195.03", "nvidia_driver_reboot_method": "emulate",
@@ -127,8 +129,6 @@ def test_site_refuses_a_disruptive_change_without_a_kubeconfig(tmp_path: Path) -
         "nvidia_driver_module_version_file": str(module), "node_maintenance_kubeconfig": ""}}}}}}))
     env = ansible_env(tmp_path)
     env["ANSIBLE_COLLECTIONS_PATH"] = str(collections_root())
-    import subprocess
-
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(inv), str(ROOT / "playbooks" / "site.yml"), "--check",
          "--tags", "site_nvidia_driver"],
