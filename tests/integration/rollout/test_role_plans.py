@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.plugins.ansible_runner import VENV_BIN, ansible_env, run_playbook
+from tests.integration.plugins.ansible_runner import VENV_BIN, ansible_env
 from tests.unit.plugins import gpusim_states
-from tests.unit.plugins.collection_path import collections_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -31,14 +30,17 @@ def _module_file(tmp_path: Path, version: str | None) -> Path:
     return path
 
 
-def _plans(tmp_path: Path, env: dict, extra: dict) -> dict:
-    out = tmp_path / "plans.json"
-    vars_ = json.dumps(extra)
-    book = f"""
+def _plans(tmp_path: Path, env: dict, hosts: dict[str, dict]) -> dict[str, dict]:
+    """Run every role's plan on local hosts (one per variable set) in one ansible-playbook run."""
+    inv = tmp_path / "plans-hosts.yml"
+    inv.write_text(json.dumps({"all": {"hosts": {
+        h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **v}
+        for h, v in hosts.items()}}}))
+    book = tmp_path / "plans.yml"
+    book.write_text(f"""
 - name: Every role's plan, read-only
-  hosts: localhost
+  hosts: all
   gather_facts: false
-  vars: {vars_}
   tasks:
     - name: Driver
       ansible.builtin.include_role:
@@ -58,66 +60,66 @@ def _plans(tmp_path: Path, env: dict, extra: dict) -> dict:
         tasks_from: plan
     - name: Save
       ansible.builtin.copy:
-        dest: "{out}"
+        dest: "{tmp_path}/plans-{{{{ inventory_hostname }}}}.json"
         content: "{{{{ {{'driver': nvidia_driver_disruptions, 'mig': nvidia_mig_disruptions,
                         'mps': nvidia_mps_disruptions, 'kubelet': kubelet_disruptions}} | to_json }}}}"
         mode: "0644"
-"""
-    proc = run_playbook(tmp_path, book, env)
+""")
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inv), str(book)], env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    return json.loads(out.read_text())
+    return {h: json.loads((tmp_path / f"plans-{h}.json").read_text()) for h in hosts}
 
 
-def test_each_role_reports_what_would_disrupt_running_pods(tmp_path: Path) -> None:
+def test_each_role_plans_what_would_disrupt_running_pods(tmp_path: Path) -> None:
+    """Three local "nodes" in one run: a pending change of every kind; nothing pending on a node without
+    a loaded driver; the same node rebooting for its driver."""
     state = gpusim_states.write(tmp_path / "state.json", gpusim_states.h20_state())
-    module = _module_file(tmp_path, "570.172.08")
-    kubelet = tmp_path / "kubelet-config.yaml"
-    kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
-                       "maxPods: 110\n")
-    before = (state.read_text(), kubelet.read_text())
-    extra = {
-        "nvidia_driver_version": "570.195.03", "nvidia_driver_reboot_method": "emulate",
-        "nvidia_driver_module_version_file": str(module),
+    kubelet_old = tmp_path / "kubelet-old.yaml"
+    kubelet_old.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                           "maxPods: 110\n")
+    kubelet_done = tmp_path / "kubelet-done.yaml"
+    kubelet_done.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                            "logging:\n  verbosity: 4\n")
+    before = (state.read_text(), kubelet_old.read_text(), kubelet_done.read_text())
+    common = {"nvidia_driver_version": "570.195.03", "nvidia_mps_sysfs_root": str(tmp_path / "sys"),
+              "nvidia_mps_service": "hami-test-absent-mps.service",
+              "nvidia_mps_pipe_dir": str(tmp_path / "mps"), "nvidia_mps_log_dir": str(tmp_path / "mps-log"),
+              "kubelet_layout": "kubespray", "kubelet_verbosity": 4}
+    pending = {
+        **common, "nvidia_driver_reboot_method": "emulate",
+        "nvidia_driver_module_version_file": str(_module_file(tmp_path, "570.172.08")),
         "nvidia_mig_layout": [{"index": 0, "mig_enabled": True, "profiles": SEED_LAYOUT}],
-        "nvidia_mps_sysfs_root": str(tmp_path / "sys"), "nvidia_mps_service": "hami-test-absent-mps.service",
-        "nvidia_mps_pipe_dir": str(tmp_path / "mps"), "nvidia_mps_log_dir": str(tmp_path / "mps-log"),
-        "kubelet_layout": "kubespray", "kubelet_kubespray_config_path": str(kubelet), "kubelet_verbosity": 4,
+        "kubelet_kubespray_config_path": str(kubelet_old),
     }
-    plans = _plans(tmp_path, ansible_env(tmp_path, state), extra)
-    (driver,) = plans["driver"]
+    # no module loaded and no reboot: no pod can hold a GPU here, installing the driver disrupts nothing
+    quiet = {
+        **common, "nvidia_driver_reboot_method": "emulate",
+        "nvidia_driver_module_version_file": str(tmp_path / "absent" / "version"),
+        "nvidia_mig_layout": [{"index": 3, "mig_enabled": False}],  # as it is already
+        "nvidia_mps_state": "stopped", "kubelet_kubespray_config_path": str(kubelet_done),
+    }
+    plans = _plans(tmp_path, ansible_env(tmp_path, state), {
+        "pending": pending, "quiet": quiet, "rebooting": {**quiet, "nvidia_driver_reboot_method": "reboot"}})
+
+    p = plans["pending"]
+    (driver,) = p["driver"]
     assert driver["role"] == "nvidia_driver" and not driver["reboot"]
     assert driver["change"].startswith("driver 570.172.08 -> 570.195.03 (a module reload")
     assert "every GPU pod" in driver["why"]
-    (mig,) = plans["mig"]
+    (mig,) = p["mig"]
     assert "GPU 0: create 3g.48gb,1g.24gb,1g.12gb,1g.12gb" in mig["change"]
-    changes = [d["change"] for d in plans["mps"]]
+    changes = [d["change"] for d in p["mps"]]
     assert any(c.startswith("compute mode EXCLUSIVE_PROCESS") for c in changes)
     assert "start hami-test-absent-mps.service" in changes
-    (kub,) = plans["kubelet"]
+    (kub,) = p["kubelet"]
     assert kub["role"] == "kubelet" and "UnexpectedAdmissionError" in kub["why"]
-    assert (state.read_text(), kubelet.read_text()) == before  # read-only
 
-
-def test_converged_and_driverless_nodes_plan_no_disruption(tmp_path: Path) -> None:
-    state = gpusim_states.write(tmp_path / "state.json", gpusim_states.h20_state())
-    kubelet = tmp_path / "kubelet-config.yaml"
-    kubelet.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
-                       "logging:\n  verbosity: 4\n")
-    extra = {
-        # no module loaded and no reboot: no pod can hold a GPU here, installing the driver disrupts nothing
-        "nvidia_driver_reboot_method": "emulate",
-        "nvidia_driver_module_version_file": str(_module_file(tmp_path, None)),
-        "nvidia_mig_layout": [{"index": 3, "mig_enabled": False}],  # as it is already
-        "nvidia_mps_state": "stopped", "nvidia_mps_sysfs_root": str(tmp_path / "sys"),
-        "nvidia_mps_service": "hami-test-absent-mps.service",
-        "kubelet_layout": "kubespray", "kubelet_kubespray_config_path": str(kubelet), "kubelet_verbosity": 4,
-    }
-    plans = _plans(tmp_path, ansible_env(tmp_path, state), extra)
-    assert plans == {"driver": [], "mig": [], "mps": [], "kubelet": []}
-    # ... but a real reboot would stop every pod on the node: that counts, and asks for a full drain
-    extra["nvidia_driver_reboot_method"] = "reboot"
-    (driver,) = _plans(tmp_path, ansible_env(tmp_path, state), extra)["driver"]
+    assert plans["quiet"] == {"driver": [], "mig": [], "mps": [], "kubelet": []}
+    # ... but a real reboot stops every pod on the node: that counts, and asks for a full drain
+    (driver,) = plans["rebooting"]["driver"]
     assert driver["reboot"] is True and "a reboot stops every pod" in driver["why"]
+    assert (state.read_text(), kubelet_old.read_text(), kubelet_done.read_text()) == before  # read-only
 
 
 def test_site_refuses_a_disruptive_change_without_a_kubeconfig(tmp_path: Path) -> None:
@@ -128,7 +130,6 @@ def test_site_refuses_a_disruptive_change_without_a_kubeconfig(tmp_path: Path) -
         "nvidia_driver_version": "570.195.03", "nvidia_driver_reboot_method": "emulate",
         "nvidia_driver_module_version_file": str(module), "node_maintenance_kubeconfig": ""}}}}}}))
     env = ansible_env(tmp_path)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(collections_root())
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", str(inv), str(ROOT / "playbooks" / "site.yml"), "--check",
          "--tags", "site_nvidia_driver"],
