@@ -333,7 +333,7 @@ class Sandbox:
         self.check_alive([kubelet_name(n.name) for n in cfg.nodes] + [REPLICASET_CONTROLLER])
         if provision:
             self.say("nodes: ansible-playbook -i inventories/sandbox playbooks/site.yml (a few minutes)")
-            proc = self.ansible(REPO / "playbooks" / "site.yml", log_name="site", timeout_s=1200)
+            proc = self.ansible(REPO / "playbooks" / "site.yml", log_name="site", timeout_s=2400)
             if proc.returncode != 0:
                 raise SandboxError(f"site.yml failed; see {cfg.logs}/site.log:\n{proc.stdout[-2000:]}")
         if agents:

@@ -702,8 +702,10 @@ class Demo:
                        f"{rec.get('evicted')}")
         rec = recs.get(ro.GATE_FAULT_NODE) or {}
         n = self.node_obj(ro.GATE_FAULT_NODE)
-        self.check(f"{ro.GATE_FAULT_NODE} resumed: gates passed, uncordoned, annotations cleared",
-                   bool(rec) and not rec.get("failed_gate") and not n["spec"].get("unschedulable")
+        self.check(f"{ro.GATE_FAULT_NODE} resumed first (batch 1): gates passed, uncordoned, annotations "
+                   "cleared",
+                   bool(rec) and int(rec.get("batch") or 0) == 1 and not rec.get("failed_gate")
+                   and not n["spec"].get("unschedulable")
                    and not any(k.startswith("hami.io/maintenance")
                                for k in n["metadata"].get("annotations") or {}),
                    f"gates {rec.get('gates')}")

@@ -69,7 +69,7 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
                    "rolled and stays cordoned (its operator's cordon)",
                    "nvidia_mig change on a node with running GPU pods evicted them first",
                    "nvidia_mps change on a node with running GPU pods evicted them first",
-                   "resumed: gates passed, uncordoned", "every GPU node runs 570.195.03",
+                   "resumed first (batch 1): gates passed, uncordoned", "every GPU node runs 570.195.03",
                    "the budget held at every change", "never more than serial=1 node(s) cordoned",
                    "second run: changed=0 on every host, no cordon and no eviction"):
         assert any(needle in ln and ln.startswith("[PASS]") for ln in report.splitlines()), needle
