@@ -35,6 +35,7 @@ logger = logging.getLogger("sandbox")
 PLUGIN_UNIT = "hami-device-plugin.service"
 SCHEDULER_UNIT = "hami-scheduler.service"
 APISERVER = "apiserver"
+REPLICASET_CONTROLLER = "replicaset-controller"
 KUBE_SCHEDULER = "kube-scheduler-sim"
 SCHEDULER = "hami-scheduler"
 
@@ -328,10 +329,11 @@ class Sandbox:
             )
         for node in cfg.nodes:
             self._start_kubelet(node.name)
-        self.check_alive([kubelet_name(n.name) for n in cfg.nodes])
+        self._start_replicaset_controller()
+        self.check_alive([kubelet_name(n.name) for n in cfg.nodes] + [REPLICASET_CONTROLLER])
         if provision:
             self.say("nodes: ansible-playbook -i inventories/sandbox playbooks/site.yml (a few minutes)")
-            proc = self.ansible(REPO / "playbooks" / "site.yml", log_name="site", timeout_s=1200)
+            proc = self.ansible(REPO / "playbooks" / "site.yml", log_name="site", timeout_s=2400)
             if proc.returncode != 0:
                 raise SandboxError(f"site.yml failed; see {cfg.logs}/site.log:\n{proc.stdout[-2000:]}")
         if agents:
@@ -359,6 +361,10 @@ class Sandbox:
                 "--kubeconfig",
                 str(cfg.kubeconfig),
                 *identities.apiserver_args(cfg.run_dir, [n.name for n in cfg.nodes]),
+                # pods terminate until their kubelet confirms, so a drain waits as on a real cluster
+                "--graceful-deletion",
+                "--request-log",
+                str(self.request_log),
             ],
             env=_env(),
             cwd=REPO,
@@ -367,6 +373,22 @@ class Sandbox:
             lambda: http_ok(f"{cfg.apiserver_url}/version") and cfg.kubeconfig.exists(), 20, 0.2
         ):
             raise SandboxError(f"the API server did not start; see {self.procs.log_path(APISERVER)}")
+
+    @property
+    def request_log(self) -> Path:
+        """Every request the simulated API server received, one JSON line each."""
+        return self.cfg.logs / "apiserver-requests.jsonl"
+
+    def _start_replicaset_controller(self) -> None:
+        if self.procs.running(REPLICASET_CONTROLLER):
+            return
+        self.say("controllers: SIMULATED ReplicaSet controller (replaces evicted pods)")
+        self.procs.start(
+            REPLICASET_CONTROLLER,
+            [sys.executable, "-m", "sandbox.replicaset", "--kubeconfig", str(self.cfg.kubeconfig)],
+            env=_env(),
+            cwd=REPO,
+        )
 
     def _init_nodes(self) -> None:
         cfg = self.cfg
@@ -609,6 +631,7 @@ class Sandbox:
     def down(self) -> list[str]:
         order = [
             KUBE_SCHEDULER,
+            REPLICASET_CONTROLLER,
             SCHEDULER,
             *(plugin_name(n.name) for n in self.cfg.nodes),
             *(kubelet_name(n.name) for n in self.cfg.nodes),

@@ -7,7 +7,11 @@ c) submit a sample workload through the API server and show where each pod lande
 d) replay seed 003: known-bad driver + mixed MIG -> NVML hangs; pods keep being admitted; ``hami-agent
    doctor`` names NVML_INIT_HANG_KNOWN_BAD_DRIVER with evidence; ``remediate_nvml_hang.yml`` fixes it;
    doctor is clean;
-e) report (text + demo-output/report.html). Exit 0 only if every check passed.
+e) roll a driver pin change over the GPU nodes under a PodDisruptionBudget (sandbox/rollout.py): a node
+   an operator cordoned stays cordoned, a node that fails its gate stays cordoned and stops the roll, the
+   fixed node resumes, MIG and MPS drift on nodes with GPU pods evict them first, a second run changes
+   nothing;
+f) report (text, demo-output/report.html and report.json). Exit 0 only if every check passed.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hami_agent.k8s.errors import KubeError
 from sandbox import podman
+from sandbox import rollout as ro
 from sandbox.cluster import PLUGIN_UNIT, SCHEDULER_UNIT, Sandbox, SandboxError, _env, wait_for
 from sandbox.config import GPUSIM_LIB, REPO
-from sandbox.report import write_html
+from sandbox.report import STEP_TITLES, write_html, write_json
 from sandbox.workload import NAMESPACE, replay_workload, sample_workload
 
 SEED_NODE = "gpu-h20"
@@ -54,6 +60,7 @@ class Demo:
     sections: dict[str, list[str]] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic)
     step: str = ""
+    rollout: dict = field(default_factory=dict)
 
     # ----------------------------------------------------------------------------- output helpers
     def say(self, msg: str = "") -> None:
@@ -249,7 +256,7 @@ class Demo:
     def step_b(self) -> None:
         self.header("b", "provision the nodes with the real playbooks")
         if SITE.exists():
-            proc = self.playbook(SITE, "site", timeout_s=900)
+            proc = self.playbook(SITE, "site", timeout_s=2400)
             self.check(
                 "ansible-playbook playbooks/site.yml succeeded",
                 proc.returncode == 0,
@@ -321,7 +328,7 @@ class Demo:
             60,
         )
         self.check(
-            "both nodes registered their GPUs (hami.io/node-nvidia-register, allocatable nvidia.com/gpu)",
+            "every GPU node registered its GPUs (hami.io/node-nvidia-register, allocatable nvidia.com/gpu)",
             ok,
             ", ".join(f"{n.name}: {self.allocatable(n.name)}" for n in self.sb.cfg.nodes),
         )
@@ -488,7 +495,9 @@ class Demo:
             rc == 1 and seed is not None and bool(seed.get("evidence")),
             f"exit {rc}, codes {codes}",
         )
-        proc = self.playbook(REMEDIATE, "remediate", limit=SEED_NODE)
+        # the replay's pods are bare pods (no controller would recreate them): the maintenance window
+        # refuses to evict such pods unless told to (node_maintenance_force), as kubectl drain does
+        proc = self.playbook(REMEDIATE, "remediate", "-e", "node_maintenance_force=true", limit=SEED_NODE)
         self.check(
             "ansible-playbook playbooks/remediate_nvml_hang.yml fixed the node",
             proc.returncode == 0,
@@ -521,6 +530,207 @@ class Demo:
         self.check("doctor is clean (no critical or error finding)", rc == 0 and not bad, f"exit {rc}, {bad}")
 
 
+    # ----------------------------------------------------------------------------- e) rollout
+    def driver_of(self, node: str) -> str:
+        st = self.sb.gpusim_state(node)
+        return str(st.get("module_version") or "")
+
+    def node_obj(self, node: str) -> dict:
+        client = self.sb.kube()
+        try:
+            return client.get_node(node)
+        finally:
+            client.close()
+
+    def cordon(self, node: str, on: bool) -> None:
+        client = self.sb.kube()
+        try:
+            client.patch("nodes", node, {"spec": {"unschedulable": True if on else None}})
+        finally:
+            client.close()
+
+    def roll(self, log: str, report_dir: Path) -> tuple[subprocess.CompletedProcess, float, float]:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        # the parts a driver pin can touch (and MIG / MPS, whose drift run 2 repairs): the rest of
+        # site.yml has nothing to do here and would only lengthen every batch
+        proc = self.playbook(SITE, log, "-e", f"nvidia_driver_version={ro.NEW_DRIVER}", "-e",
+                             f"site_serial={ro.SERIAL}", "-e", f"site_rollout_report_dir={report_dir}",
+                             "--tags", ro.ROLL_TAGS, timeout_s=2400)
+        return proc, t0, time.time()
+
+    def step_e(self) -> None:
+        self.header("e", f"roll a driver pin change ({ro.OLD_DRIVER} -> {ro.NEW_DRIVER}) under a "
+                         "PodDisruptionBudget")
+        cfg = self.sb.cfg
+        names = [n.name for n in cfg.nodes]
+        client = self.sb.kube()
+        # 1. the earlier steps' pods are bare pods: a drain refuses to evict what nothing recreates
+        for p in client.list_pods(namespace=NAMESPACE):
+            client.delete("pods", p["metadata"]["name"], NAMESPACE)
+        gone = wait_for(lambda: not self.pods(), 60)
+        self.check("the earlier steps' bare pods are deleted (a drain refuses pods no controller recreates)",
+                   gone)
+        # 2. the workload under its budget
+        rs, pdb = ro.workload()
+        try:
+            client.create("namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                         "metadata": {"name": ro.NAMESPACE}})
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        client.call("POST", f"/apis/apps/v1/namespaces/{ro.NAMESPACE}/replicasets", verb="create",
+                    kind="replicaset", body=rs, idempotent=False)
+        client.call("POST", f"/apis/policy/v1/namespaces/{ro.NAMESPACE}/poddisruptionbudgets", verb="create",
+                    kind="poddisruptionbudget", body=pdb, idempotent=False)
+        watch = ro.BudgetWatch(client).start()
+        ok = wait_for(lambda: sum(watch.healthy.values()) == ro.REPLICAS, 120)
+        placement = {}
+        for p in client.list_pods(namespace=ro.NAMESPACE):
+            placement.setdefault(p["spec"].get("nodeName") or "-", []).append(p["metadata"]["name"])
+        pdb_path = f"/apis/policy/v1/namespaces/{ro.NAMESPACE}/poddisruptionbudgets/{ro.APP}"
+        budget = client.call("GET", pdb_path, verb="get", kind="poddisruptionbudget").get("status") or {}
+        self.check(f"workload: ReplicaSet {ro.APP} {ro.REPLICAS}/{ro.REPLICAS} Ready, PodDisruptionBudget "
+                   f"minAvailable {ro.MIN_AVAILABLE}", ok and budget.get("disruptionsAllowed") == 1,
+                   f"pods per node { {n: len(v) for n, v in sorted(placement.items())} }, disruptionsAllowed "
+                   f"{budget.get('disruptionsAllowed')}")
+        self.sb.gpusim(ro.GATE_FAULT_NODE, "gpu-lost", "--gpu", "3", "on")
+        self.say(f"  fault: GPU 3 of {ro.GATE_FAULT_NODE} falls off the bus (gpusim gpu-lost): its NVML gate "
+                 "must stop the roll")
+        self.cordon(ro.OPERATOR_NODE, True)
+        self.say(f"  an operator cordons {ro.OPERATOR_NODE} (kubectl cordon): it must stay cordoned")
+        watch.arm()
+        try:
+            self._roll_with_a_failing_gate(watch, names)
+            self._resume_with_drift(watch, names)
+            self._second_run()
+        finally:
+            watch.stop()
+            self.cordon(ro.OPERATOR_NODE, False)
+            client.close()
+        self.rollout.update({
+            "serial": ro.SERIAL,
+            "max_cordoned": watch.max_by_rollout,
+            "max_cordoned_including_operator": watch.max_by_anyone,
+            "max_unavailable": ro.REPLICAS - (watch.lowest if watch.lowest is not None else ro.REPLICAS),
+            "pdb_min_available": ro.MIN_AVAILABLE,
+            "pdb_violations": watch.violations,
+            "lowest_healthy": watch.lowest,
+            "budget_events": len(watch.timeline),
+        })
+        (self.out / "rollout-timeline.json").write_text(json.dumps(watch.timeline))
+        self.check(f"the budget held at every change: lowest healthy {watch.lowest} >= minAvailable "
+                   f"{ro.MIN_AVAILABLE} ({len(watch.timeline)} watch events)",
+                   watch.violations == 0 and (watch.lowest or 0) >= ro.MIN_AVAILABLE,
+                   f"violations {watch.violations}")
+        self.check(f"never more than serial={ro.SERIAL} node(s) cordoned by the rollout at once",
+                   0 < watch.max_by_rollout <= ro.SERIAL,
+                   f"max {watch.max_by_rollout} (with the operator's cordon: {watch.max_by_anyone})")
+
+    def _show_batches(self, recs: dict) -> None:
+        for b in ro.batches("", recs):
+            gates = ", ".join(f"{g}={'pass' if ok else 'FAIL'}" for g, ok in b["gates"].items())
+            self.say(f"    batch {b['batch']}: {', '.join(b['nodes'])}: evicted {len(b['evicted'])} pod(s) "
+                     f"({b['budget_refusals']} PodDisruptionBudget refusal(s)); gates {gates or '-'}")
+
+    def _roll_with_a_failing_gate(self, watch: ro.BudgetWatch, names: list[str]) -> None:
+        self.say(f"  run 1: site.yml with nvidia_driver_version={ro.NEW_DRIVER}, serial {ro.SERIAL}")
+        rdir = self.out / "rollout-run1"
+        proc, t0, t1 = self.roll("rollout-run1", rdir)
+        recs = ro.records(rdir)
+        self._show_batches(recs)
+        self.rollout.setdefault("batches", []).extend(ro.batches("run1", recs))
+        self.check("run 1 stopped at the first failed node (exit != 0)", proc.returncode != 0,
+                   f"exit {proc.returncode}")
+        for node in (ro.MIG_NODE, ro.MPS_NODE):
+            n = self.node_obj(node)
+            self.check(f"{node}: rolled to {ro.NEW_DRIVER}, gates passed, uncordoned",
+                       self.driver_of(node) == ro.NEW_DRIVER and not n["spec"].get("unschedulable")
+                       and node in recs and not recs[node].get("failed_gate"),
+                       f"driver {self.driver_of(node)}, gates {recs.get(node, {}).get('gates')}")
+        n = self.node_obj(ro.GATE_FAULT_NODE)
+        ann = n["metadata"].get("annotations") or {}
+        client = self.sb.kube()
+        events = [e for e in client.list("events", "default")[0]
+                  if e.get("reason") == "HamiMaintenanceGateFailed"
+                  and (e.get("involvedObject") or {}).get("name") == ro.GATE_FAULT_NODE]
+        client.close()
+        self.check(f"{ro.GATE_FAULT_NODE} failed its nvml gate and stays cordoned, annotated and with an "
+                   "event naming the gate and its runbook",
+                   n["spec"].get("unschedulable") is True and ann.get(ro.FAILED_GATE) == "nvml"
+                   and "rollout_gates.md#nvml" in ann.get(ro.RUNBOOK, "") and bool(events),
+                   f"{ro.FAILED_GATE}={ann.get(ro.FAILED_GATE)}, {ro.RUNBOOK}={ann.get(ro.RUNBOOK)}, "
+                   f"event: {events[0]['message'][:160] if events else 'none'}")
+        reqs = ro.requests_between(self.sb.request_log, t0, t1)
+        touched = [p for p in ro.evictions(reqs) if any(x in p for x in self._pods_on(ro.OPERATOR_NODE))]
+        n = self.node_obj(ro.OPERATOR_NODE)
+        self.check(f"{ro.OPERATOR_NODE} (the later batch) untouched: driver {ro.OLD_DRIVER}, no eviction, no "
+                   "cordon of ours",
+                   self.driver_of(ro.OPERATOR_NODE) == ro.OLD_DRIVER and not touched
+                   and ro.OPERATOR_NODE not in ro.cordons(reqs) and ro.OPERATOR_NODE not in recs
+                   and (n["metadata"].get("annotations") or {}).get(ro.CORDONED_BY) is None,
+                   f"driver {self.driver_of(ro.OPERATOR_NODE)}, cordons written {ro.cordons(reqs)}")
+
+    def _pods_on(self, node: str) -> list[str]:
+        client = self.sb.kube()
+        try:
+            return [p["metadata"]["name"] for p in client.list_pods(field_selector=f"spec.nodeName={node}")]
+        finally:
+            client.close()
+
+    def _resume_with_drift(self, watch: ro.BudgetWatch, names: list[str]) -> None:
+        self.sb.gpusim(ro.GATE_FAULT_NODE, "gpu-lost", "--gpu", "3", "off")
+        self.say(f"  the operator fixes {ro.GATE_FAULT_NODE} (GPU 3 back); meanwhile the MIG layout of "
+                 f"{ro.MIG_NODE} and the compute mode of {ro.MPS_NODE} drift")
+        before = {n: self._pods_on(n) for n in (ro.MIG_NODE, ro.MPS_NODE)}
+        self.node_exec(ro.MIG_NODE, "nvidia-smi", "mig", "-i", "0", "-dci")
+        self.node_exec(ro.MIG_NODE, "nvidia-smi", "mig", "-i", "0", "-dgi")
+        self.node_exec(ro.MPS_NODE, "nvidia-smi", "-i", "0", "-c", "DEFAULT")
+        self.say(f"  run 2: site.yml again (GPU pods before: { {k: len(v) for k, v in before.items()} })")
+        rdir = self.out / "rollout-run2"
+        proc, _t0, _t1 = self.roll("rollout-run2", rdir)
+        recs = ro.records(rdir)
+        self._show_batches(recs)
+        self.rollout.setdefault("batches", []).extend(ro.batches("run2", recs))
+        self.check("run 2 finished the roll (exit 0)", proc.returncode == 0, f"exit {proc.returncode}")
+        for node, role in ((ro.MIG_NODE, "nvidia_mig"), (ro.MPS_NODE, "nvidia_mps")):
+            rec = recs.get(node) or {}
+            roles = [d.get("role") for d in rec.get("disruptions") or []]
+            self.check(f"{node}: the {role} change on a node with running GPU pods evicted them first",
+                       role in roles and len(rec.get("evicted") or []) > 0 and not rec.get("failed_gate"),
+                       f"disruptions {[d.get('change') for d in rec.get('disruptions') or []]}, evicted "
+                       f"{rec.get('evicted')}")
+        rec = recs.get(ro.GATE_FAULT_NODE) or {}
+        n = self.node_obj(ro.GATE_FAULT_NODE)
+        self.check(f"{ro.GATE_FAULT_NODE} resumed first (batch 1): gates passed, uncordoned, annotations "
+                   "cleared",
+                   bool(rec) and int(rec.get("batch") or 0) == 1 and not rec.get("failed_gate")
+                   and not n["spec"].get("unschedulable")
+                   and not any(k.startswith("hami.io/maintenance")
+                               for k in n["metadata"].get("annotations") or {}),
+                   f"gates {rec.get('gates')}")
+        rec = recs.get(ro.OPERATOR_NODE) or {}
+        n = self.node_obj(ro.OPERATOR_NODE)
+        self.check(f"{ro.OPERATOR_NODE} rolled and stays cordoned (its operator's cordon)",
+                   rec.get("cordoned_by") == "operator" and n["spec"].get("unschedulable") is True
+                   and not rec.get("failed_gate"),
+                   f"cordoned_by {rec.get('cordoned_by')}, evicted {len(rec.get('evicted') or [])}")
+        drivers = {n: self.driver_of(n) for n in names}
+        self.check(f"every GPU node runs {ro.NEW_DRIVER}", set(drivers.values()) == {ro.NEW_DRIVER},
+                   str(drivers))
+
+    def _second_run(self) -> None:
+        self.say("  run 3: site.yml again: nothing is pending")
+        proc, t0, t1 = self.roll("rollout-run3", self.out / "rollout-run3")
+        rc = ro.recap(proc.stdout)
+        reqs = ro.requests_between(self.sb.request_log, t0, t1)
+        changed = {h: r.get("changed") for h, r in rc.items()}
+        self.check("second run: changed=0 on every host, no cordon and no eviction in the API request log",
+                   proc.returncode == 0 and rc and all(v == 0 for v in changed.values())
+                   and not ro.cordons(reqs) and not ro.evictions(reqs),
+                   f"changed {changed}; cordons {ro.cordons(reqs)}; evictions {len(ro.evictions(reqs))}")
+
+
 def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("*"):
@@ -540,7 +750,7 @@ def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
         except SandboxError as exc:
             demo.check("sandbox started", False, str(exc))
             raise
-        for step in (demo.step_b, demo.step_c, demo.step_d):
+        for step in (demo.step_b, demo.step_c, demo.step_d, demo.step_e):
             demo.guarded(step)
     except KeyboardInterrupt:
         interrupted = True
@@ -549,7 +759,7 @@ def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        demo.header("e", "report")
+        demo.header("f", "report")
         elapsed = time.monotonic() - demo.t0
         passed = sum(c.ok for c in demo.checks)
         for c in demo.checks:
@@ -564,7 +774,9 @@ def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
             text + f"\n{passed}/{len(demo.checks)} checks passed in {elapsed:.0f}s\n"
         )
         write_html(out / "report.html", demo.checks, demo.sections, elapsed)
-        demo.say(f"  report: {out / 'report.txt'}, {out / 'report.html'}; logs: {sb.cfg.logs}")
+        write_json(out / "report.json", demo.checks, STEP_TITLES, demo.rollout)
+        demo.say(f"  report: {out / 'report.txt'}, {out / 'report.html'}, {out / 'report.json'}; "
+                 f"logs: {sb.cfg.logs}")
         if not keep or interrupted:
             print("[sandbox] tearing down (use --keep to leave it running)", flush=True)
             sb.down()

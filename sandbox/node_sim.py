@@ -8,7 +8,9 @@ real kubelet also does that the scheduler and the demo need:
 * pod lifecycle: pods bound to this node are admitted one at a time (device manager: GetPreferredAllocation,
   Allocate); an admitted pod becomes ``Running`` (no container is started: there is no container
   runtime), a rejected one ``Failed`` with reason ``UnexpectedAdmissionError`` like the real kubelet; a
-  deleted pod's devices are released.
+  pod being deleted gracefully (``deletionTimestamp``) is "stopped" after ``--termination-delay`` seconds
+  (at most its grace period), its devices released, and its deletion confirmed with grace period 0, as
+  the real kubelet does once the containers are gone; a deleted pod's devices are released.
 
 Every admission result (with the Allocate envs and mounts each container received) is appended as one
 JSON line to ``--results``; the demo reads it to show what each container got.
@@ -27,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from hami_agent.k8s.client import KubeClient
+from hami_agent.k8s.client import KubeClient, api_path
 from tests.sim.kubelet import AdmissionResult, SimulatedKubelet
 
 BASE_CAPACITY = {"cpu": "64", "memory": "515396075520", "pods": "110", "ephemeral-storage": "1000Gi"}
@@ -38,11 +40,14 @@ def _now() -> str:
 
 
 class NodeSim:
-    def __init__(self, kubelet: SimulatedKubelet, client: KubeClient, node: str, results: str | None) -> None:
+    def __init__(self, kubelet: SimulatedKubelet, client: KubeClient, node: str, results: str | None,
+                 termination_delay_s: float = 1.0) -> None:
         self.kubelet = kubelet
         self.client = client
         self.node = node
         self.results = results
+        self.termination_delay_s = termination_delay_s
+        self._terminating: dict[str, float] = {}  # uid -> when we saw its deletionTimestamp
         self.stop = threading.Event()
         self._reported: dict[str, str] | None = None
         self._seen: dict[str, dict] = {}  # uid -> pod (admission submitted)
@@ -98,6 +103,9 @@ class NodeSim:
             uid = md.get("uid") or md.get("name")
             live.add(uid)
             phase = (pod.get("status") or {}).get("phase", "Pending")
+            if md.get("deletionTimestamp"):
+                self._terminate(pod, uid)
+                continue
             with self._lock:
                 new = uid not in self._seen
                 if new and phase == "Pending":
@@ -106,9 +114,34 @@ class NodeSim:
                 fut = self.kubelet.submit(pod)
                 fut.add_done_callback(lambda f, p=pod: self._admitted(p, f.result()))
         with self._lock:
+            for uid in [u for u in self._terminating if u not in live]:
+                self._terminating.pop(uid, None)
             for uid in [u for u in self._seen if u not in live]:
                 self._seen.pop(uid, None)
                 self.kubelet.release(uid)
+
+    def _terminate(self, pod: dict, uid: str) -> None:
+        """Graceful deletion: stop the pod (nothing runs: just wait a little), then confirm it."""
+        md = pod["metadata"]
+        first = self._terminating.setdefault(uid, time.monotonic())
+        grace = float(md.get("deletionGracePeriodSeconds") or 0)
+        if time.monotonic() - first < min(self.termination_delay_s, grace):
+            return
+        with self._lock:
+            if self._seen.pop(uid, None) is not None:
+                self.kubelet.release(uid)
+        ns = md.get("namespace", "default")
+        try:
+            self.client.call("DELETE", api_path("pods", ns, md["name"]), verb="delete", kind="pod",
+                             name=f"{ns}/{md['name']}",
+                             body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                                   "preconditions": {"uid": md.get("uid")}})
+        except Exception as exc:  # noqa: BLE001 - gone already, or retried on the next poll
+            print(f"node_sim: confirming the deletion of {ns}/{md['name']}: {exc}", file=sys.stderr,
+                  flush=True)
+            return
+        self._terminating.pop(uid, None)
+        print(f"node_sim: pod {ns}/{md['name']} terminated", file=sys.stderr, flush=True)
 
     def _admitted(self, pod: dict, r: AdmissionResult) -> None:
         md = pod["metadata"]
@@ -199,10 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=4)
     p.add_argument("--wait-resource", default="nvidia.com/gpu")
     p.add_argument("--wait-timeout", type=float, default=60.0)
+    p.add_argument("--termination-delay", type=float, default=1.0,
+                   help="seconds a pod being deleted takes to stop (at most its grace period)")
     args = p.parse_args(argv)
     kubelet = SimulatedKubelet(args.root, args.verbosity, sys.stderr, node_name=args.node_name)
     client = KubeClient.from_kubeconfig(args.kubeconfig, timeout_s=5)
-    sim = NodeSim(kubelet, client, args.node_name, args.results)
+    sim = NodeSim(kubelet, client, args.node_name, args.results, args.termination_delay)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sim.stop.set())
     kubelet.start()

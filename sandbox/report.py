@@ -1,8 +1,9 @@
-"""The demo's HTML summary (stdlib only; one self-contained file)."""
+"""The demo's summaries: one self-contained HTML file and report.json (stdlib only)."""
 
 from __future__ import annotations
 
 import html
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,24 @@ STEP_TITLES = {
     "b": "provision (site.yml)",
     "c": "sample workload",
     "d": "seed 003 replay",
-    "e": "report",
+    "e": "rollout of a driver pin change",
+    "f": "report",
 }
+
+
+def write_json(path: Path, checks: list[Any], titles: dict[str, str], rollout: dict) -> None:
+    """``{"ok", "steps": [{"name", "ok", "checks": [{"name", "ok", "detail"}]}], "rollout": {...}}``."""
+    steps: dict[str, list[Any]] = {}
+    for c in checks:
+        steps.setdefault(c.step, []).append(c)
+    doc = {
+        "ok": bool(checks) and all(c.ok for c in checks),
+        "steps": [{"name": f"{step}) {titles.get(step, '')}", "ok": all(c.ok for c in cs),
+                   "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in cs]}
+                  for step, cs in steps.items()],
+        "rollout": rollout,
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def write_html(path: Path, checks: list[Any], sections: dict[str, list[str]], elapsed: float) -> None:

@@ -1,8 +1,10 @@
-"""The sandbox demo end to end (issue 10): the same scenario as `make demo`, non-interactively.
+"""The sandbox demo end to end (issues 10 and 15): the same scenario as `make demo`, non-interactively.
 
 Builds what is missing (gpusim, the node image, the dummy apt repo), starts the SIMULATED cluster (podman
-nodes + simulated API server, kube-scheduler and kubelets), runs playbooks/site.yml, the sample workload
-and the seed 003 replay, and requires every check of the demo to pass. Takes a few minutes.
+nodes + simulated API server, kube-scheduler, ReplicaSet controller and kubelets), runs playbooks/site.yml,
+the sample workload, the seed 003 replay and the rollout of a driver pin change over four GPU nodes under
+a PodDisruptionBudget, and requires every check of the demo to pass. The rollout shares the demo's
+containers and provisioning instead of building its own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from sandbox import config, identities
 from sandbox.cluster import port_free
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +55,7 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
     env = {**os.environ, "HAMI_SANDBOX_DIR": str(run_dir), "PYTHONPATH": str(REPO),
            identities.ENV: os.environ.get(identities.ENV, "1")}
     proc = subprocess.run([sys.executable, "-m", "sandbox", "--run-dir", str(run_dir), "demo", "--output",
-                           str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1700,
+                           str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=2900,
                           check=False)
     report = (out / "report.txt").read_text() if (out / "report.txt").exists() else ""
     failed = [ln for ln in report.splitlines() if ln.startswith("[FAIL]")]
@@ -63,8 +65,24 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
     # the checks that make the story: each must have run and passed
     for needle in ("playbooks/site.yml succeeded", "pods sent to gpu-h20 during the hang were decided",
                    "doctor names NVML_INIT_HANG_KNOWN_BAD_DRIVER", "remediate_nvml_hang.yml fixed the node",
-                   "doctor is clean", "mig-3g got one 3g.48gb MIG device"):
+                   "doctor is clean", "mig-3g got one 3g.48gb MIG device",
+                   # issue 15: the rollout
+                   "run 1 stopped at the first failed node", "failed its nvml gate and stays cordoned",
+                   "gpu-a100-3 (the later batch) untouched",
+                   "rolled and stays cordoned (its operator's cordon)",
+                   "nvidia_mig change on a node with running GPU pods evicted them first",
+                   "nvidia_mps change on a node with running GPU pods evicted them first",
+                   "resumed first (batch 1): gates passed, uncordoned", "every GPU node runs 570.195.03",
+                   "the budget held at every change", "never more than serial=1 node(s) cordoned",
+                   "second run: changed=0 on every host, no cordon and no eviction"):
         assert any(needle in ln and ln.startswith("[PASS]") for ln in report.splitlines()), needle
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["ok"] is True and all(step["ok"] for step in doc["steps"])
+    roll = doc["rollout"]
+    assert roll["serial"] == 1 and roll["max_cordoned"] == 1 and roll["pdb_violations"] == 0
+    assert roll["max_unavailable"] <= roll["pdb_min_available"] and roll["max_unavailable"] == 1
+    assert any(b["evicted"] for b in roll["batches"]) and any(not all(b["gates"].values())
+                                                              for b in roll["batches"])
     assert (out / "report.html").read_text().count("<tr class='ok'>") == len(report.splitlines()) - 1
     # torn down on exit: no sandbox container, no process left
     ps = subprocess.run(["podman", "ps", "-a", "--filter", f"label={config.CONTAINER_LABEL}", "-q"],

@@ -12,7 +12,8 @@
 #   nvidia-driver-570       metapackage: Depends utils, libs, dkms; only *Recommends* compute-utils, so a
 #                           --no-install-recommends install leaves the node without nvidia-cuda-mps-control
 #                           (the state seed 003 found after its driver upgrade).
-# Versions: 570.158.01 (known-bad: NVML hang with mixed MIG + full GPUs) and 570.172.08 (the fix).
+# Versions: 570.158.01 (known-bad: NVML hang with mixed MIG + full GPUs), 570.172.08 (the fix) and
+# 570.195.03 (a later R570 build: the target of the rollout tests' driver pin change).
 #
 # Output: tests/images/build/apt-repo (Packages, Packages.gz, Release, *.deb), served to containers as
 # `deb [trusted=yes] file:/srv/hami-apt ./` through a read-only bind mount. Cached by a hash of all inputs.
@@ -25,7 +26,7 @@ GPUSIM_LIB=${GPUSIM_LIB:-$root/tests/gpusim/build/libnvidia-ml.so.1}
 GPUSIM_SMI=${GPUSIM_SMI:-$root/tests/gpusim/bin/nvidia-smi}
 GPUSIM_MPS=${GPUSIM_MPS:-$root/tests/gpusim/bin/nvidia-cuda-mps-control}
 BRANCH=570
-VERSIONS=(${HAMI_APT_VERSIONS:-570.158.01 570.172.08})
+VERSIONS=(${HAMI_APT_VERSIONS:-570.158.01 570.172.08 570.195.03})
 DEBREV=0ubuntu1
 
 log() { echo "build-apt-repo: $*" >&2; }

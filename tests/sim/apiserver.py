@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.sim import apiserver_lists, apiserver_reviews, apiserver_watch
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
+from tests.sim.apiserver_policy import Policy, route_eviction
 from tests.sim.apiserver_rbac import (
     BOOTSTRAP_CLUSTER_ROLES,
     RbacAuthorizer,
@@ -250,6 +251,9 @@ class ApiServer:
                 self.create(role)
         self._admission: Any = None  # created on first use: importing the CEL engine costs ~0.1 s
         self.audit: deque[AuditRecord] = deque(maxlen=20000)
+        # eviction, PodDisruptionBudgets, graceful pod deletion (apiserver_policy.py); e.g.
+        # ``api.policy.graceful_deletion = True``
+        self.policy = Policy(self.store)
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: deque[RequestRecord] = deque(maxlen=2000)
         # requests per (User-Agent, user, verb) with bytes: tests/sim/apiserver_lists.py
@@ -306,6 +310,7 @@ class ApiServer:
                                         name=f"apiserver-{self._port}", daemon=True)
         self._thread.start()
         self._write_kubeconfig()
+        self.policy.start()
         return self
 
     def stop(self) -> None:
@@ -313,6 +318,7 @@ class ApiServer:
         httpd = self._httpd
         if httpd is None:
             return
+        self.policy.stop()
         self._stopping.set()
         self.watch_hub.close_all()
         with self.store.condition:
@@ -613,6 +619,8 @@ class ApiServer:
                 admit = self._admitter(audit, "CREATE", rt, route.namespace, None, None)
                 return 201, store.create(rt, route.namespace, body, admit=admit)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on a collection here")
+        if route.subresource == "eviction":
+            return route_eviction(self.policy, method, route.namespace, route.name, body)
         if route.subresource == "binding":
             if method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "only POST is supported on pods/binding")
@@ -642,6 +650,11 @@ class ApiServer:
             return 200, store.patch(rt, route.namespace, route.name, content_type or "", body,
                                     route.subresource, admit=admit)
         if method == "DELETE":
+            if rt.plural == "pods":
+                options = dict(body) if isinstance(body, dict) else {}
+                if query.get("gracePeriodSeconds", "").isdigit():
+                    options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+                return 200, self.policy.delete_pod(route.namespace, route.name, options)
             pre = None
             if isinstance(body, dict):
                 pre = (body.get("preconditions") or {}).get("resourceVersion")

@@ -55,7 +55,7 @@ RESOURCES: tuple[ResourceType, ...] = (
                  ("metadata.name", "status.phase")),
     ResourceType("nodes", "Node", "", "v1", False, ("status",),
                  ("metadata.name", "spec.unschedulable")),
-    ResourceType("pods", "Pod", "", "v1", True, ("status", "binding"),
+    ResourceType("pods", "Pod", "", "v1", True, ("status", "binding", "eviction"),
                  ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
                   "spec.schedulerName", "spec.serviceAccountName", "status.phase", "status.podIP",
                   "status.nominatedNodeName")),
@@ -79,6 +79,9 @@ RESOURCES: tuple[ResourceType, ...] = (
                  "v1", False, ("status",)),
     ResourceType("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
                  "admissionregistration.k8s.io", "v1", False),
+    # eviction, PodDisruptionBudgets and the ReplicaSets a budget's percentage counts: apiserver_policy.py
+    ResourceType("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("status",)),
+    ResourceType("replicasets", "ReplicaSet", "apps", "v1", True, ("status",)),
 )
 
 # ``admit(old, new)``: validating admission of a write, called with the final object before it is stored
@@ -335,6 +338,11 @@ class Store:
     _compacted_rv: int = 0  # watches resuming from an RV below this get 410 Expired
     _counts: dict[str, int] = field(default_factory=dict)  # objects per plural (cheap "any bindings?")
     on_record: Callable[[HistoryEntry], None] | None = None
+    # Hooks for behaviour modelled in other modules (apiserver_policy.py), called under the store lock:
+    # on_write(rt, old, new, subresource) may adjust ``new`` (a fresh copy) or raise ApiError before a
+    # create/update is stored; on_change(entry) sees every recorded change.
+    on_write: list[Callable[[ResourceType, Obj | None, Obj, str | None], None]] = field(default_factory=list)
+    on_change: list[Callable[[HistoryEntry], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:
@@ -364,6 +372,8 @@ class Store:
             self._compacted_rv = self._history_rvs[drop - 1]
             del self._history[:drop]
             del self._history_rvs[:drop]
+        for hook in self.on_change:
+            hook(self._history[-1])
         self._cond.notify_all()
 
     def _next_rv(self) -> str:
@@ -447,6 +457,8 @@ class Store:
             if rt.namespaced and ("namespaces", "", ns) not in self._objects:
                 # A documented simplification: namespaces spring into existence on first use.
                 self._create_locked(resource_for_kind("namespaces"), "", {"metadata": {"name": ns}})
+            for hook in self.on_write:
+                hook(rt, None, obj, None)
             return self._create_locked(rt, ns, obj)
 
     def _create_locked(self, rt: ResourceType, ns: str, obj: Obj) -> Obj:
@@ -474,12 +486,12 @@ class Store:
                     raise not_found(rt, name)
                 if admit is None:
                     new = self._prepare(rt, name, old, build, subresource)
-                    return self._commit(rt, key, old, new)
+                    return self._commit(rt, key, old, new, subresource)
             new = self._prepare(rt, name, old, build, subresource)
             admit(old, new)  # sees no-op writes too, as on the real server
             with self._cond:
                 if self._objects.get(key) is old:
-                    return self._commit(rt, key, old, new)
+                    return self._commit(rt, key, old, new, subresource)
 
     @staticmethod
     def _prepare(rt: ResourceType, name: str, old: Obj, build: Callable[[Obj], Obj],
@@ -531,8 +543,11 @@ class Store:
         new["kind"] = rt.kind
         return new
 
-    def _commit(self, rt: ResourceType, key: tuple[str, str, str], old: Obj, new: Obj) -> Obj:
-        """Store ``new`` (caller holds the lock)."""
+    def _commit(self, rt: ResourceType, key: tuple[str, str, str], old: Obj, new: Obj,  # noqa: PLR0917
+                subresource: str | None) -> Obj:
+        """Store ``new`` (caller holds the lock), after the policy hooks (apiserver_policy.py) saw it."""
+        for hook in self.on_write:
+            hook(rt, old, new, subresource)
         if new == old:
             return old  # no-op: no new resourceVersion, no event (like the real server)
         new = copy.deepcopy(new)

@@ -5,7 +5,10 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
 ``nodeCacheCapable: true``, HAMi resources as ``managedResources`` with ``ignoredByScheduler: true``):
 
 * it watches pods whose ``spec.schedulerName`` is ours and that have no ``spec.nodeName``;
-* one scheduling cycle at a time per worker: the candidate nodes are the Ready, schedulable nodes; a
+* one scheduling cycle at a time per worker: the candidate nodes are the Ready nodes that pass
+  kube-scheduler's NodeUnschedulable and TaintToleration filters (a cordoned node, ``spec.unschedulable``,
+  is skipped unless the pod tolerates ``node.kubernetes.io/unschedulable:NoSchedule``; a ``NoSchedule`` or
+  ``NoExecute`` taint the pod does not tolerate skips the node), each with kube-scheduler's reason; a
   pod that asks for a managed resource is sent to ``POST <extender>/filter`` as ``ExtenderArgs``
   (``{"Pod": ..., "NodeNames": [...]}`` — Go field names, like kube-scheduler's JSON);
 * an empty answer makes the pod unschedulable: a ``FailedScheduling`` event
@@ -23,8 +26,8 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
   count (allocatable minus the requests of bound and assumed pods; least allocated first), rejected with
   ``Insufficient nvidia.com/gpu`` by NodeResourcesFit otherwise.
 
-Gaps: no other kube-scheduler plugins (affinity, taints, volumes...), no preemption, no prioritize calls,
-no priorities in the queue (FIFO).
+Gaps: no other kube-scheduler plugins (affinity, volumes, ...; only NodeUnschedulable and
+TaintToleration are modelled), no preemption, no prioritize calls, no priorities in the queue (FIFO).
 
 Library: ``KubeSchedulerSim(client, extender_url).start()`` (a list of URLs: replicas behind a
 Service, each request to the next one, see ``ExtenderPool``); process:
@@ -167,13 +170,48 @@ def wants_extender(pod: dict, managed: tuple[str, ...] = MANAGED_RESOURCES) -> b
     return False
 
 
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+# the node lifecycle controller taints a NotReady node with this (simulated nodes carry no such taint)
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+# kube-scheduler's reason (pkg/scheduler/framework/plugins/nodeunschedulable)
+REASON_UNSCHEDULABLE = "node(s) were unschedulable"
+
+
 def node_ready(node: dict) -> bool:
-    if (node.get("spec") or {}).get("unschedulable"):
-        return False
     conds = (node.get("status") or {}).get("conditions")
     if not conds:
         return True  # simulated nodes often carry no conditions
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def tolerates(pod: dict, taint: dict) -> bool:
+    """v1.Toleration.ToleratesTaint: effect (empty = any), key (empty + Exists = any), operator."""
+    for t in (pod.get("spec") or {}).get("tolerations") or []:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or (op == "Equal" and (t.get("value") or "") == (taint.get("value") or "")):
+            return True
+    return False
+
+
+def node_filter_reason(pod: dict, node: dict) -> str | None:
+    """Why kube-scheduler's own filters drop ``node`` for ``pod`` (None: it passes)."""
+    if (node.get("spec") or {}).get("unschedulable") and not tolerates(pod, UNSCHEDULABLE_TAINT):
+        return REASON_UNSCHEDULABLE
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    if not node_ready(node):
+        taints.append(NOT_READY_TAINT)
+    for taint in taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(pod, taint):
+            return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"
+    return None
 
 
 def fit_error_message(total: int, failed: dict[str, str]) -> str:
@@ -390,8 +428,17 @@ class KubeSchedulerSim:
                 self._record_failure(pod, f"{exc}")
                 self.queue.failed(qp)
 
-    def candidate_nodes(self) -> list[str]:
-        return sorted(n["metadata"]["name"] for n in self.node_informer.list() if node_ready(n))
+    def filter_nodes(self, pod: dict) -> tuple[list[str], dict[str, str]]:
+        """kube-scheduler's own filters: (nodes that pass, {node: reason} for those that do not)."""
+        passed, failed = [], {}
+        for n in self.node_informer.list():
+            name = n["metadata"]["name"]
+            reason = node_filter_reason(pod, n)
+            if reason is None:
+                passed.append(name)
+            else:
+                failed[name] = reason
+        return sorted(passed), failed
 
     def _count_used(self) -> dict[str, int]:
         used: dict[str, int] = {}
@@ -423,11 +470,17 @@ class KubeSchedulerSim:
     def schedule_one(self, pod: dict, qp: qu.QueuedPod | None = None) -> bool:
         """One scheduling cycle; the binding cycle runs on its own thread. False when the cycle failed."""
         md = pod["metadata"]
-        names = self.candidate_nodes()
-        if not names:
+        names, filtered = self.filter_nodes(pod)
+        total = len(names) + len(filtered)
+        if not total:
             self._record_failure(pod, "0/0 nodes are available: no nodes available to schedule pods.")
             if qp is not None:
                 self.queue.failed(qp)
+            return False
+        if not names:
+            self._record_failure(pod, fit_error_message(total, filtered))
+            if qp is not None:
+                self.queue.failed(qp, frozenset({qu.NODE_UNSCHEDULABLE}))
             return False
         use_extender = self.extender_url is not None and wants_extender(pod)
         if use_extender:
@@ -445,17 +498,19 @@ class KubeSchedulerSim:
                 return False
             chosen = _get(result, "NodeNames") or []
             if not chosen:
-                failed = dict(_get(result, "FailedNodes") or {})
+                failed = dict(filtered)
+                failed.update(_get(result, "FailedNodes") or {})
                 failed.update(_get(result, "FailedAndUnresolvableNodes") or {})
-                self._record_failure(pod, fit_error_message(len(names), failed))
+                self._record_failure(pod, fit_error_message(total, failed))
                 if qp is not None:
                     self.queue.failed(qp, frozenset({qu.EXTENDER}))
                 return False
             node = chosen[0]  # with one extender and no scorers, the single node it returns wins
         elif wants_extender(pod, (self.count_resource,)):
             node, failed = self._fit_counts(pod, names)
+            failed.update(filtered)
             if node is None:
-                self._record_failure(pod, fit_error_message(len(names), failed))
+                self._record_failure(pod, fit_error_message(total, failed))
                 if qp is not None:
                     self.queue.failed(qp, frozenset({qu.NODE_RESOURCES_FIT}))
                 return False

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 
 EXTENDER = "Extender"  # kube-scheduler's framework.ExtenderName
 NODE_RESOURCES_FIT = "NodeResourcesFit"
+# NodeUnschedulable and TaintToleration: both wait for a node added or changed (cordon, taints, Ready)
+NODE_UNSCHEDULABLE = "NodeUnschedulable"
 ANY_EVENT = "*"
 
 # cluster events the simulator raises (labels as kube-scheduler logs them)
@@ -62,6 +64,7 @@ UNSCHEDULABLE_TIMEOUT = "UnschedulableTimeout"
 PLUGIN_EVENTS: dict[str, frozenset[str]] = {
     EXTENDER: frozenset({ANY_EVENT}),
     NODE_RESOURCES_FIT: frozenset({NODE_ADD, NODE_ALLOCATABLE, ASSIGNED_POD_DELETE}),
+    NODE_UNSCHEDULABLE: frozenset({NODE_ADD, NODE_UPDATE}),
 }
 
 ACTIVE, BACKOFF, UNSCHEDULABLE, IN_FLIGHT = "Active", "Backoff", "Unschedulable", "InFlight"

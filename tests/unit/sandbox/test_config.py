@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def test_embedded_inventory_loads_with_distinct_ports() -> None:
     cfg = config.load(Path("/nonexistent-run"))
     names = [n.name for n in cfg.nodes]
-    assert names == ["gpu-h20", "gpu-a100"]
+    assert names == ["gpu-h20", "gpu-a100", "gpu-a100-2", "gpu-a100-3"]  # 4 nodes: a fleet to roll over
     assert cfg.node("gpu-h20").profile == "h20-mig-mixed"
     assert cfg.node("gpu-h20").initial_driver == "570.158.01"
     assert cfg.node("gpu-a100").initial_driver == ""

@@ -1,0 +1,367 @@
+#!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
+# Copyright: hami.node contributors
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: k8s_node_maintenance
+short_description: Cordon a GPU node, evict its GPU pods under PodDisruptionBudgets, verify it, uncordon it
+version_added: 0.1.0
+author:
+  - hami.node developers
+description:
+  - The Kubernetes side of a node's maintenance window during a rollout (docs/rollouts.md). Run it on
+    the controller (C(delegate_to=localhost)) with a kubeconfig.
+  - V(drain) cordons the node and evicts its GPU pods (O(pods=gpu), like the GPU Operator's upgrade
+    controller) or every pod (O(pods=all), like C(kubectl drain)) through the Eviction API, so
+    PodDisruptionBudgets hold. An eviction the budget refuses (HTTP 429) is retried with exponential
+    backoff until O(timeout), which also bounds the wait until the evicted pods are gone.
+    C(kubernetes.core.k8s_drain) fails at the first 429 instead.
+  - Every pod is classified before anything is written. Pods without a controller (lost for good when
+    evicted) and pods with emptyDir data are refused unless O(force) or O(delete_emptydir_data) allow
+    them, and a refusal changes nothing. DaemonSet pods, mirror pods and finished pods are left alone.
+  - The cordon is written in the same patch as the annotation C(hami.io/maintenance-cordoned-by=hami.node),
+    with the node's resourceVersion. A re-run after a crash therefore knows the cordon is ours. A node that
+    an operator had cordoned stays cordoned, because V(uncordon) only lifts a cordon of ours. V(uncordon)
+    also clears our annotations.
+  - V(verify) polls the API-side gates until they pass or O(timeout) runs out. It returns them and does
+    not fail. C(node_ready) means the Ready condition is True. C(device_plugin) means the kubelet
+    advertises O(resource) and, with O(expect_gpus), that C(hami.io/node-nvidia-register) lists every
+    expected GPU as healthy.
+  - V(park) records a failed gate. The node stays cordoned (it is cordoned again if someone lifted the
+    cordon). It gets the annotations C(hami.io/maintenance-failed-gate) and C(hami.io/maintenance-runbook)
+    and a Warning event C(HamiMaintenanceGateFailed) that names the gate and the runbook.
+  - V(status) only reads. It returns the cordon owner, readiness and our maintenance annotations.
+requirements:
+  - kubernetes (Python client) >= 24.2
+options:
+  name:
+    description: Node name.
+    type: str
+    required: true
+  state:
+    description: What to do.
+    type: str
+    choices: [status, cordon, drain, uncordon, verify, park]
+    default: status
+  reason:
+    description: Why the node is cordoned. It is written to C(hami.io/maintenance-reason).
+    type: str
+    default: hami.node maintenance
+  pods:
+    description: With V(drain), evict the GPU pods only (V(gpu)) or every pod (V(all)).
+    type: str
+    choices: [gpu, all]
+    default: gpu
+  gpu_resources:
+    description: Resource name prefixes that make a pod a GPU pod (requests or limits of any container).
+    type: list
+    elements: str
+    default: [nvidia.com/]
+  force:
+    description: Also evict pods that no controller manages (they are not recreated).
+    type: bool
+    default: false
+  delete_emptydir_data:
+    description: Also evict pods with emptyDir volumes (their data is lost).
+    type: bool
+    default: true
+  grace_period:
+    description: C(gracePeriodSeconds) for the evicted pods. When not set, each pod's own period applies.
+    type: int
+  timeout:
+    description:
+      - Seconds for the whole V(drain) (evictions, budget retries and the wait until the pods are gone)
+        or for V(verify).
+    type: int
+    default: 600
+  backoff_initial:
+    description: Seconds before the first retry of a refused eviction; doubles up to O(backoff_max).
+    type: float
+    default: 1
+  backoff_max:
+    description: Longest wait between eviction retries (a server's C(retryAfterSeconds) is honoured up to it).
+    type: float
+    default: 30
+  expect_gpus:
+    description:
+      - With V(verify), GPU UUIDs that C(hami.io/node-nvidia-register) must list as healthy.
+      - When not set, only the advertised O(resource) is checked.
+    type: list
+    elements: str
+  resource:
+    description: With V(verify), the extended resource the device plugin advertises.
+    type: str
+    default: nvidia.com/gpu
+  gate:
+    description: With V(park), the gate that failed.
+    type: str
+  runbook:
+    description: With V(park), where the runbook for that gate is.
+    type: str
+  message:
+    description: With V(park), what the gate saw.
+    type: str
+    default: ""
+  kubeconfig:
+    description:
+      - Path of a kubeconfig file. When not set, the module uses E(KUBECONFIG), then C(~/.kube/config),
+        then the in-cluster service account.
+    type: path
+  context:
+    description: kubeconfig context to use.
+    type: str
+  api_timeout:
+    description: Seconds each API request may take.
+    type: float
+    default: 10
+attributes:
+  check_mode:
+    description: Classifies the pods, reports the cordon and the evictions it would make, and writes nothing.
+    support: full
+  diff_mode:
+    description: Not supported.
+    support: none
+notes:
+  - The kubeconfig needs get/patch on nodes, list on pods, create on pods/eviction and create on events.
+seealso:
+  - name: Safely drain a node
+    description: Kubernetes' eviction and PodDisruptionBudget semantics this module relies on.
+    link: https://kubernetes.io/docs/tasks/administer-cluster/safely-drain-node/
+"""
+
+EXAMPLES = r"""
+- name: Cordon and evict the GPU pods, waiting out PodDisruptionBudgets for up to 15 minutes
+  hami.node.k8s_node_maintenance:
+    name: gpu-node-1
+    state: drain
+    reason: "nvidia_driver: 570.172.08 -> 570.195.03"
+    timeout: 900
+  delegate_to: localhost
+
+- name: Wait for the node to come back with its GPUs registered
+  hami.node.k8s_node_maintenance:
+    name: gpu-node-1
+    state: verify
+    expect_gpus: [GPU-4695a002-ab2d-092d-6db9-44e9ae3cb5a6]
+    timeout: 300
+  delegate_to: localhost
+  register: api_gates
+
+- name: Uncordon (only if this rollout cordoned it)
+  hami.node.k8s_node_maintenance:
+    name: gpu-node-1
+    state: uncordon
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+node:
+  description: The node after the task.
+  returned: success
+  type: dict
+  contains:
+    name: {description: Node name., type: str}
+    unschedulable: {description: The node is cordoned., type: bool}
+    cordoned_by: {description: "C(hami.node), C(operator) or null.", type: str}
+    ready: {description: The Ready condition is True., type: bool}
+    maintenance: {description: "Our C(hami.io/maintenance-*) annotations.", type: dict}
+cordoned_by:
+  description: With V(drain) or V(cordon), who holds the cordon (C(hami.node) or C(operator)).
+  returned: when state is drain or cordon
+  type: str
+evicted:
+  description: Pods evicted (or, in check mode, that would be), as C(namespace/name).
+  returned: when state is drain
+  type: list
+  elements: str
+skipped:
+  description: Pods on the node left alone, with the reason.
+  returned: when state is drain
+  type: dict
+budget_refusals:
+  description: How many evictions a PodDisruptionBudget refused (HTTP 429) before they went through.
+  returned: when state is drain
+  type: int
+budget_wait_s:
+  description: Seconds spent waiting for budgets.
+  returned: when state is drain
+  type: float
+uncordoned:
+  description: With V(uncordon), the cordon was ours and was lifted.
+  returned: when state is uncordon
+  type: bool
+gates:
+  description: With V(verify), each API-side gate with C(ok) and C(detail).
+  returned: when state is verify
+  type: dict
+  sample: {node_ready: {ok: true, detail: Ready condition True}, device_plugin: {ok: false, detail: "..."}}
+actions:
+  description: The changes made, or planned in check mode.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+from ansible_collections.hami.node.plugins.module_utils import _hami, _maintenance  # noqa: E402
+
+try:  # noqa: E402
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+    from kubernetes.client.rest import ApiException
+
+    HAS_K8S = True
+    K8S_IMPORT_ERROR = None
+except ImportError:
+    HAS_K8S = False
+    K8S_IMPORT_ERROR = traceback.format_exc()
+
+
+def api_client(module):
+    p = module.params
+    try:
+        if p["kubeconfig"] or p["context"]:
+            return k8s_config.new_client_from_config(config_file=p["kubeconfig"], context=p["context"])
+        try:
+            return k8s_config.new_client_from_config()
+        except (k8s_config.ConfigException, OSError, TypeError):
+            cfg = k8s_client.Configuration()
+            k8s_config.load_incluster_config(client_configuration=cfg)
+            return k8s_client.ApiClient(cfg)
+    except (k8s_config.ConfigException, OSError) as exc:
+        module.fail_json(
+            msg="cannot load Kubernetes credentials (kubeconfig=%s, context=%s): %s; set kubeconfig "
+            "(hami_maintenance_kubeconfig) or run where KUBECONFIG points at the cluster"
+            % (p["kubeconfig"], p["context"], exc)
+        )
+
+
+class KubeApi:
+    """The engine's adapter over the official client: JSON in, JSON out, errors as _maintenance.ApiError."""
+
+    def __init__(self, module):
+        self.core = k8s_client.CoreV1Api(api_client(module))
+        self.timeout = module.params["api_timeout"]
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+            return _maintenance.decode_json(resp.data)
+        except ApiException as exc:
+            body = _maintenance.decode_json(exc.body)
+            raise _maintenance.ApiError(exc.status, exc.reason or "", body) from None
+        except Exception as exc:  # noqa: BLE001 - urllib3: connection refused, read timeout
+            raise _maintenance.ApiError(503, "cannot reach the API server: %s" % exc) from None
+
+    def get_node(self, name):
+        return self._call(self.core.read_node, name)
+
+    def patch_node(self, name, patch):
+        return self._call(self.core.patch_node, name, patch, _content_type="application/merge-patch+json")
+
+    def list_pods(self, node):
+        doc = self._call(self.core.list_pod_for_all_namespaces, field_selector="spec.nodeName=%s" % node)
+        return doc.get("items") or []
+
+    def evict(self, namespace, name, delete_options):
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace}}
+        if delete_options:
+            body["deleteOptions"] = delete_options
+        return self._call(self.core.create_namespaced_pod_eviction, name, namespace, body)
+
+    def create_node_event(self, node, type_, reason, message):
+        now = _maintenance.now_rfc3339()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": "%s." % node, "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "reason": reason, "message": message, "type": type_,
+            "source": {"component": "hami.node"}, "reportingComponent": "hami.node",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        return self._call(self.core.create_namespaced_event, "default", body)
+
+
+def run(module, api):
+    p = module.params
+    m = _maintenance.Maintenance(api, p["name"], time.monotonic, time.sleep, module.check_mode,
+                                 log=module.debug)
+    state = p["state"]
+    result = {"changed": False}
+    if state == "cordon":
+        by, changed = m.cordon(p["reason"])
+        result.update(changed=changed, cordoned_by=by)
+    elif state == "drain":
+        out = m.drain(p["reason"], p["pods"], p["gpu_resources"], p["force"], p["delete_emptydir_data"],
+                      p["timeout"], p["grace_period"], p["backoff_initial"], p["backoff_max"])
+        result.update(out, changed=bool(out["cordoned"] or out["evicted"]))
+        result.pop("cordoned", None)
+    elif state == "uncordon":
+        uncordoned, changed = m.uncordon()
+        result.update(changed=changed, uncordoned=uncordoned)
+    elif state == "park":
+        if not p["gate"] or not p["runbook"]:
+            module.fail_json(msg="state=park needs gate and runbook")
+        result["changed"] = m.park(p["gate"], p["runbook"], p["message"])
+    elif state == "verify":
+        gates = m.verify(p["expect_gpus"], p["resource"], p["timeout"], _hami.decode_register)
+        result["gates"] = {k: {"ok": ok, "detail": detail} for k, (ok, detail) in gates.items()}
+    result["node"] = _maintenance.summarize(api.get_node(p["name"]))
+    result["actions"] = m.actions
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            state=dict(type="str", default="status",
+                       choices=["status", "cordon", "drain", "uncordon", "verify", "park"]),
+            reason=dict(type="str", default="hami.node maintenance"),
+            pods=dict(type="str", default="gpu", choices=["gpu", "all"]),
+            gpu_resources=dict(type="list", elements="str", default=["nvidia.com/"]),
+            force=dict(type="bool", default=False),
+            delete_emptydir_data=dict(type="bool", default=True),
+            grace_period=dict(type="int"),
+            timeout=dict(type="int", default=600),
+            backoff_initial=dict(type="float", default=1),
+            backoff_max=dict(type="float", default=30),
+            expect_gpus=dict(type="list", elements="str"),
+            resource=dict(type="str", default="nvidia.com/gpu"),
+            gate=dict(type="str"),
+            runbook=dict(type="str"),
+            message=dict(type="str", default=""),
+            kubeconfig=dict(type="path"),
+            context=dict(type="str"),
+            api_timeout=dict(type="float", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    if not HAS_K8S:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
+    api = KubeApi(module)
+    try:
+        module.exit_json(**run(module, api))
+    except _maintenance.MaintenanceError as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
+    except _maintenance.ApiError as exc:
+        hint = ""
+        if exc.status in (401, 403):
+            hint = ": check the kubeconfig's credentials and RBAC (get/patch nodes, list pods, create " \
+                   "pods/eviction and events)"
+        elif exc.status == 404:
+            hint = ": no such node %s" % module.params["name"]
+        module.fail_json(
+            msg="node %s: API error %s %s%s" % (module.params["name"], exc.status, exc.message, hint),
+            status=exc.status, body=json.dumps(exc.body)[:1000])
+
+
+if __name__ == "__main__":
+    main()

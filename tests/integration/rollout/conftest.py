@@ -1,0 +1,3 @@
+from tests.unit.plugins.collection_path import install
+
+install()
