@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.sim import apiserver_reviews
+from tests.sim import apiserver_resource, apiserver_reviews
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
 from tests.sim.apiserver_rbac import (
     BOOTSTRAP_CLUSTER_ROLES,
@@ -218,6 +218,7 @@ class ApiServer:
         stored ClusterRoles/Roles and their bindings (403 otherwise). ValidatingAdmissionPolicies are
         enforced whenever a binding is stored (tests/sim/apiserver_admission.py)."""
         self.store = Store(history_limit=history_limit)
+        apiserver_resource.install(self.store)  # resource.k8s.io write rules (validation, status, generation)
         self.auth = auth
         self.rbac = RbacAuthorizer(self.store) if rbac else None
         if rbac:

@@ -79,7 +79,18 @@ RESOURCES: tuple[ResourceType, ...] = (
                  "v1", False, ("status",)),
     ResourceType("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
                  "admissionregistration.k8s.io", "v1", False),
+    # Dynamic Resource Allocation (resource.k8s.io/v1); their write rules: tests/sim/apiserver_resource.py
+    ResourceType("deviceclasses", "DeviceClass", "resource.k8s.io", "v1", False),
+    ResourceType("resourceslices", "ResourceSlice", "resource.k8s.io", "v1", False, (),
+                 ("metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name")),
+    ResourceType("resourceclaims", "ResourceClaim", "resource.k8s.io", "v1", True, ("status",)),
+    ResourceType("resourceclaimtemplates", "ResourceClaimTemplate", "resource.k8s.io", "v1", True),
 )
+
+# A resource's own write rules (kube-apiserver's registry strategy: PrepareForCreate/PrepareForUpdate and
+# validation). ``strategy(old, new, subresource, seed)`` may change ``new`` in place and raises ApiError to
+# refuse; ``old`` is None on create. Registered per plural in ``Store.strategies``.
+Strategy = Callable[[Any, Any, Any, bool], None]
 
 # ``admit(old, new)``: validating admission of a write, called with the final object before it is stored
 # (``old`` is None on create); raises ApiError to refuse. Nothing is written when it raises.
@@ -334,6 +345,7 @@ class Store:
     _history_rvs: list[int] = field(default_factory=list)
     _compacted_rv: int = 0  # watches resuming from an RV below this get 410 Expired
     _counts: dict[str, int] = field(default_factory=dict)  # objects per plural (cheap "any bindings?")
+    strategies: dict[str, Strategy] = field(default_factory=dict)  # plural -> write rules
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:
@@ -432,6 +444,8 @@ class Store:
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         if rt.plural == "namespaces":
             obj.setdefault("status", {"phase": "Active"})
+        if rt.plural in self.strategies:
+            self.strategies[rt.plural](None, obj, None, seed)
         if admit is not None:
             # outside the lock (CEL is slow); the object does not depend on the store's state
             admit(None, obj)
@@ -477,8 +491,7 @@ class Store:
                 if self._objects.get(key) is old:
                     return self._commit(rt, key, old, new)
 
-    @staticmethod
-    def _prepare(rt: ResourceType, name: str, old: Obj, build: Callable[[Obj], Obj],
+    def _prepare(self, rt: ResourceType, name: str, old: Obj, build: Callable[[Obj], Obj],
                  subresource: str | None) -> Obj:
         new = build(old)
         if not isinstance(new, dict):
@@ -525,6 +538,9 @@ class Store:
         new["metadata"] = new_meta
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
+        if rt.plural in self.strategies:
+            new = copy.deepcopy(new)  # the strategy may change it; ``old`` must stay untouched
+            self.strategies[rt.plural](old, new, subresource, False)
         return new
 
     def _commit(self, rt: ResourceType, key: tuple[str, str, str], old: Obj, new: Obj) -> Obj:
