@@ -17,7 +17,9 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
   candidate node with the fewest pods, without calling the extender (``IsInterested`` false).
 
 Gaps: no kube-scheduler plugins (resources, affinity, taints...), no preemption, no prioritize calls,
-no scheduling queue semantics beyond per-pod backoff.
+no scheduling queue semantics beyond per-pod backoff. Pods with ``spec.resourceClaims`` go to the DRA
+allocator when one is given (``dra=DraAllocator(client)``, ``tests/sim/dra_allocator.py``); such a pod
+that also asks for HAMi resources is not sent to the extender.
 
 Library: ``KubeSchedulerSim(client, extender_url).start()`` (a list of URLs: replicas behind a
 Service, each request to the next one, see ``ExtenderPool``); process:
@@ -189,8 +191,9 @@ class KubeSchedulerSim:
 
     def __init__(self, client: Any, extender_url: str | list[str], scheduler_name: str = "hami-scheduler", *,
                  workers: int = 1, initial_backoff_s: float = 1.0, max_backoff_s: float = 10.0,
-                 http_timeout_s: float = 30.0, post_events: bool = True) -> None:
+                 http_timeout_s: float = 30.0, post_events: bool = True, dra: Any = None) -> None:
         self.client = client
+        self.dra = dra  # tests/sim/dra_allocator.DraAllocator: pods with spec.resourceClaims
         self.extender_url = extender_url
         self.scheduler_name = scheduler_name
         self.workers = workers
@@ -223,6 +226,8 @@ class KubeSchedulerSim:
                                       on_update=lambda _o, p: self._maybe_enqueue(p))
         self.node_informer.start()
         self.pod_informer.start()
+        if self.dra is not None:
+            self.dra.start()
         self.node_informer.wait_synced(10)
         self.pod_informer.wait_synced(10)
         for i in range(self.workers):
@@ -242,6 +247,8 @@ class KubeSchedulerSim:
         for inf in (self.pod_informer, self.node_informer):
             if inf is not None:
                 inf.stop()
+        if self.dra is not None:
+            self.dra.stop()
 
     def __enter__(self) -> KubeSchedulerSim:
         return self.start()
@@ -330,6 +337,8 @@ class KubeSchedulerSim:
         if not names:
             self._record_failure(pod, "0/0 nodes are available: no nodes available to schedule pods.")
             return False
+        if self.dra is not None and self.dra.wants(pod):
+            return bool(self.dra.schedule(self, pod, names))  # DRA claims: tests/sim/dra_allocator.py
         if not wants_extender(pod):
             counts = Counter((p.get("spec") or {}).get("nodeName") for p in self.pod_informer.list())
             node = min(names, key=lambda n: (counts.get(n, 0), n))
