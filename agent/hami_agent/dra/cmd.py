@@ -116,8 +116,9 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:  # noqa: P
     except Exception as exc:
         logger.error("cannot load kubeconfig: %s", exc)
         return 1
+    own_slices = f"spec.nodeName={settings.node_name},spec.driver={settings.driver_name}"
     try:  # resource.k8s.io/v1 is GA since Kubernetes 1.34; older servers need a newer cluster, not retries
-        client.call("GET", "/apis/resource.k8s.io/v1", verb="get", kind="discovery", timeout_s=10)
+        client.list("resourceslices", field_selector=own_slices, timeout_s=10)
     except NotFoundError:
         logger.error("the API server does not serve resource.k8s.io/v1 (Dynamic Resource Allocation, "
                      "Kubernetes >= 1.34): upgrade the cluster or run the device plugin instead "
@@ -127,8 +128,7 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:  # noqa: P
         logger.warning("cannot check for resource.k8s.io/v1 now (%s); starting anyway", exc)
     fast = client.with_options(timeout_s=settings.api_timeout_s, attempts=1)
     claims_inf = Informer(client, "resourceclaims").start()
-    slices_inf = Informer(client, "resourceslices",
-                          field_selector=f"spec.nodeName={settings.node_name},spec.driver={settings.driver_name}")
+    slices_inf = Informer(client, "resourceslices", field_selector=own_slices)
     node_uid: dict[str, str] = {}
 
     def get_node_uid() -> str | None:
