@@ -201,8 +201,8 @@ class DraCluster:
         root = Path(self._tmp) / name
         (root / "dp").mkdir(parents=True, exist_ok=True)
         try:
-            self.client.create("nodes", {"apiVersion": "v1", "kind": "Node",
-                                         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+            meta = {"name": name, "labels": {"kubernetes.io/hostname": name}}
+            self.client.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": meta})
         except Exception as exc:  # noqa: BLE001 - the node may exist already (sandbox)
             if "already exists" not in str(exc):
                 raise
@@ -233,8 +233,8 @@ class DraCluster:
 
     def start_driver(self, node: DraNode) -> subprocess.Popen:
         node.driver_log = self.work / node.name / "driver.log"
-        env = {**os.environ, "GPUSIM_STATE": str(node.gpusim_state), "HAMI_NVML_LIBRARY": str(node.gpusim_lib),
-               "PYTHONPATH": f"{REPO}:{REPO / 'agent'}"}
+        env = {**os.environ, "GPUSIM_STATE": str(node.gpusim_state),
+               "HAMI_NVML_LIBRARY": str(node.gpusim_lib), "PYTHONPATH": f"{REPO}:{REPO / 'agent'}"}
         log = open(node.driver_log, "ab")  # noqa: SIM115 - closed when the process is stopped
         node.driver = subprocess.Popen(self.driver_argv(node), stdout=log, stderr=subprocess.STDOUT, env=env,
                                        start_new_session=True)
@@ -258,7 +258,8 @@ class DraCluster:
     def start_scheduler(self) -> KubeSchedulerSim:
         self.allocator = DraAllocator(self.client)
         self.scheduler = KubeSchedulerSim(self.client, "http://127.0.0.1:1", self.scheduler_name,
-                                          initial_backoff_s=0.2, max_backoff_s=1.0, dra=self.allocator).start()
+                                          initial_backoff_s=0.2, max_backoff_s=1.0,
+                                          dra=self.allocator).start()
         return self.scheduler
 
     # ------------------------------------------------------------------------------------ queries
@@ -311,11 +312,12 @@ class DraCluster:
 
     def pod(self, name: str, claim: str | None = None, template: str | None = None,
             namespace: str = "default", containers: int = 1) -> dict:
-        ref = {"name": "gpu", **({"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template})}
+        source = {"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template}
+        ctrs = [{"name": f"c{i}", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}
+                for i in range(containers)]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-                "spec": {"schedulerName": self.scheduler_name, "resourceClaims": [ref],
-                         "containers": [{"name": f"c{i}", "image": "cuda",
-                                         "resources": {"claims": [{"name": "gpu"}]}} for i in range(containers)]}}
+                "spec": {"schedulerName": self.scheduler_name, "resourceClaims": [{"name": "gpu", **source}],
+                         "containers": ctrs}}
 
     def submit(self, claim: dict | None, pod: dict) -> dict:
         if claim is not None:

@@ -135,6 +135,7 @@ class DraManager:
         self.health: dict[tuple[str, str, str], str] = {}  # (driver, pool, device) -> HEALTHY/UNHEALTHY/...
         self.claims: dict[str, ClaimInfo] = {}  # "ns/name" -> info
         self.calls: list[tuple[str, str, list[str]]] = []  # (method, driver, claim uids): every RPC made
+        self.durations: list[tuple[str, float]] = []  # (method, seconds until the plugin answered)
         self.registrations: list[str] = []
         self.wiped = threading.Event()
         self.resynced = threading.Event()  # every running pod handed to ``resync`` is prepared again
@@ -362,10 +363,13 @@ class DraManager:
         self.calls.append((method, driver, [c.uid for c in claims]))
         self.log.log(4, "dra_plugin.go:127", f"Calling {method} rpc", driverName=driver, claims=len(claims))
         stub = pb_grpc.DRAPluginStub(plugin.channel)
+        start = time.monotonic()
         try:
             return getattr(stub, method)(req, timeout=self.call_timeout_s)
         except grpc.RpcError as exc:
             raise PrepareFailed(f"{method} failed: {rpc_error_text(exc)}") from None
+        finally:
+            self.durations.append((method, time.monotonic() - start))
 
     def prepare(self, pod: dict) -> dict[str, list[str]]:
         """``PrepareResources(pod)``; returns container name -> CDI device IDs (``GetResources``)."""
