@@ -67,6 +67,7 @@ class DraNode:
     driver_log: Path | None = None
     runner: PodRunner | None = None
     driver_args: list[str] = field(default_factory=list)
+    kubeconfig: str | None = None  # the driver's own credential (default: the cluster's admin)
 
     def cdi_env(self, pod_result: AdmissionResult, container: str) -> dict[str, Any]:
         """What a CDI-aware runtime injects into ``container`` (env + mounts)."""
@@ -197,7 +198,7 @@ class DraCluster:
 
     def add_node(self, name: str, gpusim_state: Path, gpusim_lib: Path, *, config: dict | None = None,
                  driver_args: list[str] | None = None, start_driver: bool = True,
-                 dra_options: dict | None = None) -> DraNode:
+                 dra_options: dict | None = None, kubeconfig: str | None = None) -> DraNode:
         root = Path(self._tmp) / name
         (root / "dp").mkdir(parents=True, exist_ok=True)
         try:
@@ -213,7 +214,8 @@ class DraCluster:
         cfg_path = node_work / "config.yaml"
         cfg_path.write_text(yaml.safe_dump(config or {"dra": {"devices": "all", "driverName": self.driver}}))
         node = DraNode(name, root, Path(gpusim_state), Path(gpusim_lib), kubelet, node_work / "cdi",
-                       node_work / "state", node_work / "hook", cfg_path, driver_args=list(driver_args or []))
+                       node_work / "state", node_work / "hook", cfg_path, driver_args=list(driver_args or []),
+                       kubeconfig=kubeconfig)
         (node.hook_dir / "vgpu").mkdir(parents=True, exist_ok=True)
         node.runner = PodRunner(node, self.client).start()
         self.nodes[name] = node
@@ -222,7 +224,8 @@ class DraCluster:
         return node
 
     def driver_argv(self, node: DraNode) -> list[str]:
-        return [self.hami_agent, "dra", "-v", "4", "--node-name", node.name, "--kubeconfig", self.kubeconfig,
+        return [self.hami_agent, "dra", "-v", "4", "--node-name", node.name,
+                "--kubeconfig", node.kubeconfig or self.kubeconfig,
                 "--config", str(node.config), "--plugins-dir", str(node.root / "plugins"),
                 "--plugins-registry-dir", str(node.root / "plugins_registry"), "--cdi-dir", str(node.cdi_dir),
                 "--state-dir", str(node.state_dir), "--hook-path", str(node.hook_dir),

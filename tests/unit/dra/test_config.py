@@ -85,3 +85,20 @@ def test_hami_agent_dra_refuses_a_node_without_dra_gpus(tmp_path, capsys):
     cfg.write_text("dra: {devices: all}\n")
     assert cli.main(["dra", "--node-name", "n1", "--config", str(cfg), "--rpc-deadline", "50"]) == 2
     assert "shorter than the kubelet's 45 s" in capsys.readouterr().err
+
+
+def test_the_extenders_node_sync_drops_dra_gpus_from_the_register_annotation():
+    """The wiring, not only the filter: ClusterSync.on_node reads the annotation through it."""
+    from hami_agent.protocol import NodeDevice, encode_node_devices, keys
+    from hami_agent.scheduler.cache import UsageCache
+    from hami_agent.scheduler.sync import ClusterSync
+
+    devs = [NodeDevice(id=f"GPU-{i}", index=i, count=10, devmem=81920, devcore=100, type="NVIDIA-A100",
+                       numa=0, mode="hami-core", health=True) for i in range(4)]
+    node = {"metadata": {"name": "both-1", "annotations": {keys.NODE_REGISTER: encode_node_devices(devs)}}}
+    cache = UsageCache()
+    ClusterSync(None, cache, dra=build_config([DOC], None).dra).on_node(node)
+    assert [d.id for d in cache.nodes["both-1"].devices] == ["GPU-0", "GPU-1"]
+    plain = UsageCache()
+    ClusterSync(None, plain).on_node(node)  # without the section every registered GPU counts (the old code)
+    assert len(plain.nodes["both-1"].devices) == 4
