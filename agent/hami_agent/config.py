@@ -9,6 +9,8 @@ Accepts what HAMi deployments already have, so an existing ConfigMap can be moun
 * HAMi's per-node JSON (``{"nodeconfig": [{"name": "<node>", "operatingmode": ...}]}``), either as a
   top-level ``nodeconfig`` list in the same file or as a separate file (``node_config_path``).
 * Our own ``agent:`` section (timeouts, intervals, paths, metrics bind).
+* Our own ``dra:`` section: the DRA driver's name and which GPUs of which node it manages instead of the
+  device plugin (``DraConfig``; docs/dra.md).
 
 YAML or JSON (JSON is YAML). Keys match case-insensitively, as Go's JSON decoding does, so both
 ``deviceSplitCount`` and ``devicesplitcount`` work. Unknown keys produce warnings (``AgentConfig.warnings``,
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -27,6 +30,8 @@ from hami_agent.protocol import keys
 from hami_agent.protocol.requests import hami_resource_names
 
 logger = logging.getLogger(__name__)
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 GPU_CORE_POLICIES = ("default", "force", "disable")
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -164,6 +169,52 @@ class AgentSettings:
         return self.hook_path.rstrip("/") + "/vgpu"
 
 
+DEFAULT_DRA_DRIVER = "gpu.hami.io"
+
+
+@dataclass(frozen=True)
+class DraPartition:
+    """Which of one node's GPUs the DRA driver (``hami-agent dra``) manages; the device plugin and the
+    scheduler extender leave exactly these alone. ``all``: every GPU; else the listed UUIDs and indexes."""
+
+    all: bool = False
+    uuids: tuple[str, ...] = ()
+    indexes: tuple[int, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.all and not self.uuids and not self.indexes
+
+    def manages(self, uuid: str, index: int | None) -> bool:
+        """True for a GPU of this node that belongs to the DRA driver (MIG devices follow their GPU)."""
+        return self.all or uuid in self.uuids or (index is not None and index in self.indexes)
+
+    def describe(self) -> str:
+        if self.all:
+            return "all GPUs"
+        if self.empty:
+            return "no GPU"
+        parts = [f"index {list(self.indexes)}"] if self.indexes else []
+        return " and ".join(parts + ([f"uuid {list(self.uuids)}"] if self.uuids else []))
+
+
+@dataclass(frozen=True)
+class DraConfig:
+    """The ``dra:`` section: the DRA driver's name and how GPUs are split between the device plugin
+    (``nvidia.com/gpu``, HAMi annotations) and the DRA driver (ResourceSlices). Default: no GPU is
+    DRA-managed, so existing deployments are unchanged."""
+
+    driver_name: str = DEFAULT_DRA_DRIVER
+    devices: DraPartition = field(default_factory=DraPartition)  # nodes without their own entry
+    nodes: tuple[tuple[str, DraPartition], ...] = ()
+
+    def partition_for(self, node_name: str | None) -> DraPartition:
+        for name, partition in self.nodes:
+            if name == node_name:
+                return partition
+        return self.devices
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Everything the agent reads from configuration."""
@@ -171,6 +222,7 @@ class AgentConfig:
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    dra: DraConfig = field(default_factory=DraConfig)
     node_name: str | None = None
     source: str | None = None  # path(s) read, for logs and doctor
     warnings: tuple[str, ...] = ()
@@ -331,6 +383,74 @@ def _duration(where: str, value: Any) -> float:
     return float(value)
 
 
+_DRA_DEVICES_FIX = "use 'all', 'none', or {uuid: [GPU-...], index: [0, ...]}"
+
+
+def _dra_partition(where: str, raw: Any) -> DraPartition:
+    if raw is None or (isinstance(raw, str) and raw.lower() == "none"):
+        return DraPartition()
+    if isinstance(raw, str) and raw.lower() == "all":
+        return DraPartition(all=True)
+    if not isinstance(raw, dict):
+        raise _fail(where, raw, _DRA_DEVICES_FIX)
+    got = _casefold_keys(raw)
+    unknown = set(got) - {"uuid", "index"}
+    if unknown:
+        raise _fail(where, raw, f"unknown keys {sorted(unknown)}: {_DRA_DEVICES_FIX}")
+    return DraPartition(uuids=_str_list(f"{where}.uuid", got.get("uuid")),
+                        indexes=_index_list(f"{where}.index", got.get("index")))
+
+
+def _dra_config(raw: Any, warnings: list[str]) -> DraConfig:
+    """The ``dra:`` section (docs/dra.md#configuration)."""
+    if raw is None:
+        return DraConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"dra: invalid value {raw!r}: use a mapping with driverName, devices, nodes")
+    got = _casefold_keys(raw)
+    for key in raw:
+        if str(key).lower() not in ("drivername", "devices", "nodes"):
+            warnings.append(f"unknown config key dra.{key} ignored")
+    driver = got.get("drivername", DEFAULT_DRA_DRIVER)
+    if not isinstance(driver, str) or not _DNS_SUBDOMAIN.match(driver) or len(driver) > 63:
+        raise _fail("dra.driverName", driver, "use a lower-case DNS subdomain of at most 63 characters, "
+                    "e.g. gpu.hami.io")
+    nodes_raw = got.get("nodes") or []
+    if not isinstance(nodes_raw, list):
+        raise _fail("dra.nodes", nodes_raw, "use a list of {name: <node>, devices: ...}")
+    nodes: list[tuple[str, DraPartition]] = []
+    for i, entry in enumerate(nodes_raw):
+        where = f"dra.nodes[{i}]"
+        if not isinstance(entry, dict):
+            raise _fail(where, entry, "use {name: <node>, devices: ...}")
+        e = _casefold_keys(entry)
+        name = e.get("name")
+        if not isinstance(name, str) or not name:
+            raise _fail(f"{where}.name", name, "every dra.nodes entry needs the node's Kubernetes name")
+        if any(n == name for n, _ in nodes):
+            raise _fail(f"{where}.name", name, "each node may appear once in dra.nodes")
+        nodes.append((name, _dra_partition(f"{where}.devices", e.get("devices"))))
+    return DraConfig(driver_name=driver, devices=_dra_partition("dra.devices", got.get("devices")),
+                     nodes=tuple(nodes))
+
+
+def without_dra_devices(cfg: AgentConfig) -> AgentConfig:
+    """The config as the device plugin must see it: this node's DRA-managed GPUs added to
+    ``filterdevices``, so they are neither served to the kubelet nor written to the register annotation.
+    Raises ConfigError when every GPU of the node belongs to the DRA driver (nothing left to serve)."""
+    part = cfg.dra.partition_for(cfg.node_name)
+    if part.empty:
+        return cfg
+    if part.all:
+        raise ConfigError(f"dra.devices: every GPU of node {cfg.node_name or '?'} is assigned to the DRA "
+                          "driver, so the device plugin has nothing to serve: do not run it on this node "
+                          "(hami_agent_mode: dra), or assign only some GPUs to DRA")
+    filt = cfg.node.filter_devices
+    merged = FilterDevices(uuids=tuple(dict.fromkeys(filt.uuids + part.uuids)),
+                           indexes=tuple(dict.fromkeys(filt.indexes + part.indexes)))
+    return replace(cfg, node=replace(cfg.node, filter_devices=merged))
+
+
 # yaml/json key (lower case) -> (dataclass attribute, checker)
 _NODE_DEFAULT_KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "devicesplitcount": ("device_split_count", lambda w, v: _int(w, v, lo=1, hi=2**31 - 1)),
@@ -472,6 +592,7 @@ def build_config(documents: list[dict[str, Any]], node_name: str | None,
     warnings: list[str] = []
     nvidia_vals: dict[str, Any] = {}
     agent_vals: dict[str, Any] = {}
+    dra = DraConfig()
     entries: list[tuple[str, dict[str, Any]]] = []
     for doc in documents:
         for key, value in doc.items():
@@ -480,6 +601,8 @@ def build_config(documents: list[dict[str, Any]], node_name: str | None,
                 nvidia_vals.update(_apply("nvidia", value, _NVIDIA_KEYS, warnings, ignored=_NVIDIA_IGNORED))
             elif low == "agent":
                 agent_vals.update(_apply("agent", value, _AGENT_KEYS, warnings))
+            elif low == "dra":
+                dra = _dra_config(value, warnings)
             elif low == "nodeconfig":
                 entries += [("nodeconfig", e) for e in _node_entries("nodeconfig", value)]
             elif low in OTHER_VENDOR_SECTIONS:
@@ -527,7 +650,7 @@ def build_config(documents: list[dict[str, Any]], node_name: str | None,
                         f"guide: take the union of the geometries' profile names, here {union})")
     for w in warnings:
         logger.warning("%s", w)
-    return AgentConfig(nvidia=nvidia, node=node, agent=agent, node_name=node_name, source=source,
+    return AgentConfig(nvidia=nvidia, node=node, agent=agent, dra=dra, node_name=node_name, source=source,
                        warnings=tuple(warnings))
 
 

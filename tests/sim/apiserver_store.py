@@ -82,7 +82,18 @@ RESOURCES: tuple[ResourceType, ...] = (
     # eviction, PodDisruptionBudgets and the ReplicaSets a budget's percentage counts: apiserver_policy.py
     ResourceType("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("status",)),
     ResourceType("replicasets", "ReplicaSet", "apps", "v1", True, ("status",)),
+    # Dynamic Resource Allocation (resource.k8s.io/v1); their write rules: tests/sim/apiserver_resource.py
+    ResourceType("deviceclasses", "DeviceClass", "resource.k8s.io", "v1", False),
+    ResourceType("resourceslices", "ResourceSlice", "resource.k8s.io", "v1", False, (),
+                 ("metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name")),
+    ResourceType("resourceclaims", "ResourceClaim", "resource.k8s.io", "v1", True, ("status",)),
+    ResourceType("resourceclaimtemplates", "ResourceClaimTemplate", "resource.k8s.io", "v1", True),
 )
+
+# A resource's own write rules (kube-apiserver's registry strategy: PrepareForCreate/PrepareForUpdate and
+# validation). ``strategy(old, new, subresource, seed)`` may change ``new`` in place and raises ApiError to
+# refuse; ``old`` is None on create. Registered per plural in ``Store.strategies``.
+Strategy = Callable[[Any, Any, Any, bool], None]
 
 # ``admit(old, new)``: validating admission of a write, called with the final object before it is stored
 # (``old`` is None on create); raises ApiError to refuse. Nothing is written when it raises.
@@ -343,6 +354,7 @@ class Store:
     # create/update is stored; on_change(entry) sees every recorded change.
     on_write: list[Callable[[ResourceType, Obj | None, Obj, str | None], None]] = field(default_factory=list)
     on_change: list[Callable[[HistoryEntry], None]] = field(default_factory=list)
+    strategies: dict[str, Strategy] = field(default_factory=dict)  # plural -> write rules
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:
@@ -446,6 +458,8 @@ class Store:
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         if rt.plural == "namespaces":
             obj.setdefault("status", {"phase": "Active"})
+        if rt.plural in self.strategies:
+            self.strategies[rt.plural](None, obj, None, seed)
         if admit is not None:
             # outside the lock (CEL is slow); the object does not depend on the store's state
             admit(None, obj)
@@ -493,8 +507,7 @@ class Store:
                 if self._objects.get(key) is old:
                     return self._commit(rt, key, old, new, subresource)
 
-    @staticmethod
-    def _prepare(rt: ResourceType, name: str, old: Obj, build: Callable[[Obj], Obj],
+    def _prepare(self, rt: ResourceType, name: str, old: Obj, build: Callable[[Obj], Obj],
                  subresource: str | None) -> Obj:
         new = build(old)
         if not isinstance(new, dict):
@@ -541,6 +554,9 @@ class Store:
         new["metadata"] = new_meta
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
+        if rt.plural in self.strategies:
+            new = copy.deepcopy(new)  # the strategy may change it; ``old`` must stay untouched
+            self.strategies[rt.plural](old, new, subresource, False)
         return new
 
     def _commit(self, rt: ResourceType, key: tuple[str, str, str], old: Obj, new: Obj,  # noqa: PLR0917

@@ -28,6 +28,9 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
 
 Gaps: no other kube-scheduler plugins (affinity, volumes, ...; only NodeUnschedulable and
 TaintToleration are modelled), no preemption, no prioritize calls, no priorities in the queue (FIFO).
+Pods with
+``spec.resourceClaims`` go to the DRA allocator when one is given (``dra=DraAllocator(client)``,
+``tests/sim/dra_allocator.py``); such a pod that also asks for HAMi resources is not sent to the extender.
 
 Library: ``KubeSchedulerSim(client, extender_url).start()`` (a list of URLs: replicas behind a
 Service, each request to the next one, see ``ExtenderPool``); process:
@@ -298,8 +301,9 @@ class KubeSchedulerSim:
                  max_backoff_s: float = 10.0, max_in_unschedulable_s: float = 300.0,
                  unschedulable_flush_s: float = 30.0, backoff_flush_s: float | None = None,
                  http_timeout_s: float = 30.0, post_events: bool = True, max_binding: int = 256,
-                 count_resource: str = "nvidia.com/gpu") -> None:
+                 count_resource: str = "nvidia.com/gpu", dra: Any = None) -> None:
         self.client = client
+        self.dra = dra  # tests/sim/dra_allocator.DraAllocator: pods with spec.resourceClaims
         self.extender_url = extender_url
         self.scheduler_name = scheduler_name
         self.workers = workers  # kube-scheduler runs one scheduling cycle at a time; >1 is a test knob
@@ -341,6 +345,8 @@ class KubeSchedulerSim:
                                       on_delete=self._on_pod_delete)
         self.node_informer.start()
         self.pod_informer.start()
+        if self.dra is not None:
+            self.dra.start()
         self.node_informer.wait_synced(10)
         self.pod_informer.wait_synced(10)
         self.queue.run()
@@ -362,6 +368,8 @@ class KubeSchedulerSim:
                 inf.stop()
         while not self._clients.empty():
             self._clients.get_nowait().close()
+        if self.dra is not None:
+            self.dra.stop()
 
     def __enter__(self) -> KubeSchedulerSim:
         return self.start()
@@ -482,6 +490,11 @@ class KubeSchedulerSim:
             if qp is not None:
                 self.queue.failed(qp, frozenset({qu.NODE_UNSCHEDULABLE}))
             return False
+        if self.dra is not None and self.dra.wants(pod):  # DRA claims: tests/sim/dra_allocator.py
+            ok = bool(self.dra.schedule(self, pod, names))
+            if qp is not None:
+                (self.queue.done if ok else self.queue.failed)(qp)
+            return ok
         use_extender = self.extender_url is not None and wants_extender(pod)
         if use_extender:
             ext = self._extender()

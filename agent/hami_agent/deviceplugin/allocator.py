@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 OVERLAY_TTL_S = 600.0
 MEMORY_LIMIT = 4096  # pods remembered (overlay, settled uids, handed device IDs): bounded
 
-__all__ = ["AllocationError", "Allocator", "ContainerResponse", "MountSpec", "PreferredRequest", "Refused"]
+__all__ = ["AllocationError", "Allocator", "ContainerResponse", "MountSpec", "PreferredRequest", "Refused",
+           "hami_core_response"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,49 @@ class MigRealizer:
 
     def annotation(self) -> str:
         return encode_mig_allocations(self.allocs)
+
+
+def hami_core_response(s: PluginSettings, devreq: Sequence[ContainerDevice], cache_dir_name: str, *,
+                       disable_control: bool = False, who: str = "container") -> ContainerResponse:
+    """HAMi-core's envs and mounts for ``devreq`` (HAMi ``plugin.go`` Allocate): shared by the device
+    plugin's Allocate (``cache_dir_name`` = ``<podUID>_<container>``) and the DRA driver's prepared claims
+    (``<claimUID>_<request>``), so the same memory and cores give the same limits either way."""
+    vgpu = os.path.join(s.hook_path, "vgpu")
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in devreq)}
+    for i, d in enumerate(devreq):
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(devreq[0].usedcores)
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = os.path.join(vgpu, f"{uuidlib.uuid4()}.cache")
+    if s.device_memory_scaling > 1:
+        envs["CUDA_OVERSUBSCRIBE"] = "true"
+    if s.lib_cuda_log_level:
+        envs["LIBCUDA_LOG_LEVEL"] = s.lib_cuda_log_level
+    if s.disable_core_limit:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+
+    lib = os.path.join(vgpu, "libvgpu.so")
+    host_lib = f"{lib}.{s.plugin_version}" if s.plugin_version else lib
+    if not os.path.exists(host_lib):
+        host_lib = lib
+    cache_dir = os.path.join(vgpu, "containers", cache_dir_name)
+    for d in (cache_dir, s.vgpu_lock_dir):
+        try:
+            os.makedirs(d, exist_ok=True)
+            os.chmod(d, 0o777)  # containers run as any uid and must write their cache/lock files
+        except OSError as exc:
+            raise AllocationError(f"cannot create host directory {d} for {who}: {exc}") from exc
+    mounts = [
+        MountSpec(lib, host_lib, True),
+        MountSpec(vgpu, cache_dir, False),
+        MountSpec("/tmp/vgpulock", s.vgpu_lock_dir, False),
+    ]
+    if not disable_control:
+        mounts.append(MountSpec("/etc/ld.so.preload", os.path.join(vgpu, "ld.so.preload"), True))
+    license_path = os.path.join(vgpu, "license")
+    if os.path.exists(license_path):
+        mounts.append(MountSpec("/tmp/license", license_path, True))
+        mounts.append(MountSpec("/usr/bin/vgpuvalidator", os.path.join(vgpu, "vgpuvalidator"), True))
+    return ContainerResponse(envs, mounts)
 
 
 class Allocator:
@@ -486,45 +530,10 @@ class Allocator:
 
     # ------------------------------------------------------------------------------ responses
     def _hami_core_response(self, pod: dict, ctr: dict, devreq: list[ContainerDevice]) -> ContainerResponse:
-        s = self.settings
-        vgpu = os.path.join(s.hook_path, "vgpu")
-        envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in devreq)}
-        for i, d in enumerate(devreq):
-            envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
-        envs["CUDA_DEVICE_SM_LIMIT"] = str(devreq[0].usedcores)
-        envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = os.path.join(vgpu, f"{uuidlib.uuid4()}.cache")
-        if s.device_memory_scaling > 1:
-            envs["CUDA_OVERSUBSCRIBE"] = "true"
-        if s.lib_cuda_log_level:
-            envs["LIBCUDA_LOG_LEVEL"] = s.lib_cuda_log_level
-        if s.disable_core_limit:
-            envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
-
-        lib = os.path.join(vgpu, "libvgpu.so")
-        host_lib = f"{lib}.{s.plugin_version}" if s.plugin_version else lib
-        if not os.path.exists(host_lib):
-            host_lib = lib
         md = pod.get("metadata") or {}
-        cache_dir = os.path.join(vgpu, "containers", f"{md.get('uid', '')}_{ctr.get('name', '')}")
-        for d in (cache_dir, s.vgpu_lock_dir):
-            try:
-                os.makedirs(d, exist_ok=True)
-                os.chmod(d, 0o777)  # containers run as any uid and must write their cache/lock files
-            except OSError as exc:
-                raise AllocationError(f"cannot create host directory {d} for container "
-                                      f"{ctr.get('name')!r}: {exc}") from exc
-        mounts = [
-            MountSpec(lib, host_lib, True),
-            MountSpec(vgpu, cache_dir, False),
-            MountSpec("/tmp/vgpulock", s.vgpu_lock_dir, False),
-        ]
-        if (_env_value(ctr, "CUDA_DISABLE_CONTROL") or "").lower() != "true":
-            mounts.append(MountSpec("/etc/ld.so.preload", os.path.join(vgpu, "ld.so.preload"), True))
-        license_path = os.path.join(vgpu, "license")
-        if os.path.exists(license_path):
-            mounts.append(MountSpec("/tmp/license", license_path, True))
-            mounts.append(MountSpec("/usr/bin/vgpuvalidator", os.path.join(vgpu, "vgpuvalidator"), True))
-        return ContainerResponse(envs, mounts)
+        opt_out = (_env_value(ctr, "CUDA_DISABLE_CONTROL") or "").lower() == "true"
+        return hami_core_response(self.settings, devreq, f"{md.get('uid', '')}_{ctr.get('name', '')}",
+                                  disable_control=opt_out, who=f"container {ctr.get('name')!r}")
 
     def _mps_response(self, plan: ResourcePlan, devreq: list[ContainerDevice]) -> ContainerResponse:
         s = self.settings

@@ -128,11 +128,12 @@ def _config_summary(settings: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hami_agent.config import ConfigError, load_config
+    from hami_agent.config import ConfigError, load_config, without_dra_devices
     from hami_agent.deviceplugin.settings import MODE_MPS, SettingsError
 
     try:
         cfg = load_config(args.config, args.node_name, node_config_path=args.node_config)
+        cfg = without_dra_devices(cfg)  # GPUs the `dra:` section gives to `hami-agent dra` are not served
         settings = build_settings(args, cfg)
         settings.validate()
     except (ConfigError, SettingsError, OSError) as exc:

@@ -72,6 +72,11 @@ KINDS: dict[str, KindInfo] = {k.plural: k for k in (
     KindInfo("resourcequotas", "resourcequota", "/api/v1", True),
     KindInfo("configmaps", "configmap", "/api/v1", True),
     KindInfo("leases", "lease", "/apis/coordination.k8s.io/v1", True),
+    # Dynamic Resource Allocation, resource.k8s.io/v1 (Kubernetes >= 1.34): the DRA driver (hami_agent.dra)
+    KindInfo("resourceslices", "resourceslice", "/apis/resource.k8s.io/v1", False),
+    KindInfo("resourceclaims", "resourceclaim", "/apis/resource.k8s.io/v1", True),
+    KindInfo("resourceclaimtemplates", "resourceclaimtemplate", "/apis/resource.k8s.io/v1", True),
+    KindInfo("deviceclasses", "deviceclass", "/apis/resource.k8s.io/v1", False),
 )}
 
 

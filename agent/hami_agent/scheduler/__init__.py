@@ -14,6 +14,7 @@ Modules, one job each:
   podinfo   which pods' allocations count, and their per-GPU usage
   podstate  the pod state /filter and /bind trust (informer or GET, uid-matched) and who may be decided for
   nodes     register annotation + handshake rules for one node
+  dra       registered GPUs assigned to the DRA driver (config ``dra:``) are left out
   extender  /filter logic (cache + API client + events); /bind delegates to binder
   binder    /bind: decision check, node lock, lost binding answers, lock healing
   decisions bounded record of recent /filter decisions (what /bind may bind)

@@ -61,7 +61,7 @@ class SchedulerApp:
             self.gate.attach(self.elector, Forwarder(forward))
         self.sync = ClusterSync(client, self.cache, self.config.names, is_leader=self.gate.lease_valid,
                                 interval_s=register_interval_s, node_label_selector=node_label_selector,
-                                scheduler_name=self.config.scheduler_name)
+                                scheduler_name=self.config.scheduler_name, dra=self.config.dra)
         self.gate.relist = self.sync.relist_pods  # a new leader relists before its first decision
         self.extender = Extender(self.cache, self.config, client, self.events, self.metrics,
                                  cached_pods=self.sync.pending_pod, gate=self.gate, healer=self.healer)

@@ -109,11 +109,12 @@ def build_config(args: argparse.Namespace):
     from hami_agent.protocol.requests import RequestConfig
     from hami_agent.scheduler.extender import SchedulerConfig
 
-    nv = None
+    nv = dra = None
     if getattr(args, "config", None):
         from hami_agent.config import load_config
 
-        nv = load_config(args.config, None).nvidia
+        cfg = load_config(args.config, None)
+        nv, dra = cfg.nvidia, cfg.dra
     # The nvidia: section itself carries the resource names and request defaults the protocol reads.
     names = nv if nv is not None else RequestConfig()
     flags = (("default_memory", args.default_mem), ("default_cores", args.default_cores),
@@ -129,7 +130,7 @@ def build_config(args: argparse.Namespace):
         force_overwrite_default_scheduler=args.force_overwrite_default_scheduler == "true",
         gpu_core_policy=getattr(nv, "gpu_core_policy", "default") if nv else "default",
         overwrite_env=bool(getattr(nv, "overwrite_env", False)) if nv else False,
-        runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "")
+        runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "", dra=dra)
 
 
 def _csv(value: str) -> tuple[str, ...]:

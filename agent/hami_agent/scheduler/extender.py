@@ -74,6 +74,7 @@ class SchedulerConfig:
     gpu_core_policy: str = "default"
     overwrite_env: bool = False
     runtime_class_name: str = ""
+    dra: Any = None  # hami_agent.config.DraConfig from --config: GPUs assigned to the DRA driver
 
 
 def mig_allocations_value(containers: list[list[Picked]]) -> str:

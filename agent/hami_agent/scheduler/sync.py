@@ -16,6 +16,7 @@ from hami_agent import log
 from hami_agent.protocol import keys
 from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler.cache import UsageCache
+from hami_agent.scheduler.dra import without_dra_managed
 from hami_agent.scheduler.nodes import (
     DELETE,
     HandshakeTracker,
@@ -33,8 +34,9 @@ class ClusterSync:
     def __init__(self, client: Any, cache: UsageCache, names: RequestSettings | None = None, *,
                  is_leader: Callable[[], bool] = lambda: True, interval_s: float = 15.0,
                  now: Callable[[], datetime] = datetime.now, node_label_selector: str | None = None,
-                 scheduler_name: str = "hami-scheduler") -> None:
+                 scheduler_name: str = "hami-scheduler", dra: Any = None) -> None:
         self.client = client
+        self.dra = dra  # hami_agent.config.DraConfig: GPUs assigned to the DRA driver are not ours
         self.scheduler_name = scheduler_name
         self.cache = cache
         self.names = names or RequestConfig()
@@ -121,7 +123,7 @@ class ClusterSync:
                 return
             raw = annotations(node).get(keys.NODE_REGISTER) or ""
             if raw != self._last_register.get(name):
-                devs = node_devices(node)
+                devs = without_dra_managed(name, node_devices(node), self.dra)
                 self._last_register[name] = raw
                 if not devs:
                     if self.cache.remove_node(name):

@@ -44,6 +44,7 @@ class AdmissionResult:
     # container name -> resource -> {"devices": [...], "envs": {...}, "mounts": [...]}
     allocations: dict[str, dict[str, dict]] = field(default_factory=dict)
     duration_s: float = 0.0
+    dra: dict[str, list[str]] = field(default_factory=dict)  # container -> CDI device IDs (DRA claims)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class SimulatedKubelet:
         sources_ready_delay_s: float = 0.0,
         stream_end_delay_s: float = 0.0,
         seed: int = 0,
+        dra_client: Any = None,
+        dra_root: str | None = None,
+        dra_options: dict[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.node_name = node_name
@@ -96,6 +100,12 @@ class SimulatedKubelet:
         self._started_at = 0.0
         self._dm: DeviceManager | None = None
         self._reg: RegistrationServer | None = None
+        # DRA (tests/sim/kubelet/dra.py): enabled by an API client; <dra_root>/plugins_registry is watched
+        self.dra_client = dra_client
+        self.dra_root = dra_root or root
+        self.dra_options = dict(dra_options or {})
+        self.dra: Any = None
+        self._dra_pods: dict[str, dict] = {}  # uid -> running pod with claims (re-prepared after a restart)
 
     # ---------------------------------------------------------------------------------- lifecycle
     @property
@@ -143,6 +153,13 @@ class SimulatedKubelet:
         reg.registrations = self.registrations  # counted across restarts
         reg.start()
         self._dm, self._reg = dm, reg
+        if self.dra_client is not None:
+            from tests.sim.kubelet.dra import DraManager
+
+            self.dra = DraManager(self.dra_root, self.dra_client, self.node_name, self.log,
+                                  **self.dra_options)
+            self.dra.start()
+            self.dra.resync(list(self._dra_pods.values()))
         if self._admitter is None or not self._admitter.is_alive():
             self._admitter = threading.Thread(target=self._admit_loop, name="sim-kubelet-admit", daemon=True)
             self._admitter.start()
@@ -154,6 +171,8 @@ class SimulatedKubelet:
         if reg is None:
             return []
         closers = reg.kill()
+        if self.dra is not None:
+            self.dra.stop()
         if self._dm is not None:
             with self._dm.cond:
                 self._dm.cond.notify_all()
@@ -279,8 +298,11 @@ class SimulatedKubelet:
         with self._pods_lock:
             self._active.discard(uid)
             self._running.discard(uid)
+            self._dra_pods.pop(uid, None)
         if self._dm is not None:
             self._dm.update_allocated_devices()
+        if self.dra is not None:
+            self.dra.unprepare_pod(uid)  # PrepareFailed propagates: the real kubelet retries the teardown
 
     def _admit_loop(self) -> None:
         while True:
@@ -325,6 +347,17 @@ class SimulatedKubelet:
                 except AllocationError as exc:
                     return self._reject(result, start, f"Allocate failed due to {exc}, which is unexpected")
             result.allocations = self._allocations(dm, uid, containers)
+            if self.dra is not None and spec.get("resourceClaims"):
+                from tests.sim.kubelet.dra import PrepareFailed
+
+                try:  # before the containers start (kubelet SyncPod -> PrepareDynamicResources)
+                    result.dra = self.dra.prepare(pod)
+                except PrepareFailed as exc:
+                    rejected = self._reject(result, start, str(exc))
+                    rejected.reason = "FailedPrepareDynamicResources"
+                    return rejected
+                with self._pods_lock:
+                    self._dra_pods[uid] = pod
         finally:
             self.current_pod = None
         with self._pods_lock:
