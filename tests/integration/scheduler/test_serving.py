@@ -142,7 +142,8 @@ def test_two_thousand_idle_connections(plain):
         assert request(plain.port, "GET", "/healthz", timeout=5)[0] == 200
         assert plain.open_connections <= FAST.max_connections
         assert threading.active_count() - threads_before <= FAST.workers + 2
-        assert plain.stats.evicted >= 2000 - FAST.max_connections
+        # shed, not held: evicted for newcomers, or closed by the header deadline first on a loaded machine
+        assert plain.stats.evicted + plain.stats.timeouts >= 2000 - FAST.max_connections
         time.sleep(FAST.header_timeout_s + 1.0)
         assert plain.open_connections == 0  # the survivors hit the header deadline
         closed = 0

@@ -212,6 +212,11 @@ def test_every_component_with_its_own_token_works_and_uses_exactly_its_grants(  
     assert "forbidden" not in (out.stdout + out.stderr).lower(), out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["children"], report  # it saw the nodes and the pending pod
+    # doctor pod reads the pod and its node with GETs (doctor cluster reads everything with lists)
+    out = run_cli("doctor", "pod", f"{TENANT_NS}/job", "--kubeconfig", cluster.kubeconfig("operator"),
+                  "--node-name", NODE, "--no-local", "--no-nvml", "--no-journal", "--json")
+    assert "forbidden" not in (out.stdout + out.stderr).lower(), out.stdout[-2000:] + out.stderr[-2000:]
+    assert json.loads(out.stdout)["facts"].get("pod.found") is True, out.stdout[-2000:]
 
     proc.terminate()
     proc.wait(15)
