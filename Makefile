@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps gpusim test test-fast lint bench chaos demo demo-quick sandbox-up sandbox-down clean
+.PHONY: setup system-deps gpusim test test-fast molecule lint bench chaos demo demo-quick sandbox-up sandbox-down clean
 
 setup: $(STAMP) gpusim
 
@@ -23,6 +23,15 @@ $(STAMP): pyproject.toml
 
 gpusim:
 	$(MAKE) --no-print-directory -C tests/gpusim
+
+# One molecule scenario as Ansible users run it (`make molecule S=dra`): builds the node image and the
+# simulated apt repository when their inputs changed (cached by hash), then `molecule test -s $(S)`.
+molecule: setup
+	@test -n "$(S)" || { echo "usage: make molecule S=<scenario>; scenarios: $$(ls extensions/molecule/*/molecule.yml | cut -d/ -f3 | xargs)" >&2; exit 2; }
+	@test -f extensions/molecule/$(S)/molecule.yml || { echo "no scenario extensions/molecule/$(S)" >&2; exit 2; }
+	PATH="$(CURDIR)/$(BIN):$$PATH" tests/images/build-image.sh
+	PATH="$(CURDIR)/$(BIN):$$PATH" tests/images/build-apt-repo.sh
+	PATH="$(CURDIR)/$(BIN):$$PATH" molecule test -s $(S)
 
 # Everything: unit, integration, e2e and molecule (as CI runs it).
 test: setup

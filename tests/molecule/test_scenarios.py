@@ -1,9 +1,10 @@
 """Runs every molecule scenario under extensions/molecule/ against podman containers (marker: molecule).
 
-Once per session: build the simulated node image (tests/images/build-image.sh, cached by hash), the
-simulated NVIDIA apt repository (tests/images/build-apt-repo.sh, cached by hash) and a collections path
-holding this repository as ``hami.node``. Then ``molecule test -s <scenario>`` per scenario: destroy,
-create, prepare, converge, idempotence, verify, destroy. Skipped only when podman is absent.
+Once per session: build the simulated node image (tests/images/build-image.sh, cached by hash) and the
+simulated NVIDIA apt repository (tests/images/build-apt-repo.sh, cached by hash). Then
+``molecule test -s <scenario>`` per scenario, exactly as a user runs it: destroy, dependency (the preflight
+that links this checkout as ``hami.node``, extensions/molecule/shared/preflight.sh), create, prepare,
+converge, idempotence, verify, destroy. Skipped only when podman is absent.
 """
 
 from __future__ import annotations
@@ -55,14 +56,8 @@ def molecule_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for script, timeout in (("build-image.sh", 900), ("build-apt-repo.sh", 300)):
         proc = _run([str(ROOT / "tests" / "images" / script)], env, timeout, logs / f"{script}.log")
         assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-4000:]}"
-    # The collection must sit at <path>/ansible_collections/hami/node for FQCN roles and modules.
-    coll = tmp_path_factory.mktemp("collections")
-    (coll / "ansible_collections" / "hami").mkdir(parents=True)
-    (coll / "ansible_collections" / "hami" / "node").symlink_to(ROOT)
+    # no collections path, apt repository or profile variables: extensions/molecule/config.yml has them
     env.update(
-        ANSIBLE_COLLECTIONS_PATH=str(coll),
-        HAMI_APT_REPO=str(ROOT / "tests" / "images" / "build" / "apt-repo"),
-        HAMI_GPUSIM_PROFILES=str(ROOT / "tests" / "gpusim" / "profiles"),
         ANSIBLE_FORCE_COLOR="0",
         NO_COLOR="1",
         MOLECULE_NO_LOG="false",
@@ -85,7 +80,7 @@ def test_scenario(scenario: str, molecule_env: dict[str, str]) -> None:
         f"molecule test -s {scenario} failed (full log {log}):\n{proc.stdout[-6000:]}"
     )
     # the second converge must have run and changed nothing, and verify must have run
-    for step in ("converge", "idempotence", "verify"):
+    for step in ("dependency", "converge", "idempotence", "verify"):
         assert f"{scenario} > {step}: Executed: Successful" in proc.stdout, (
             f"molecule step {step} did not succeed for {scenario} (log {log})"
         )
