@@ -32,10 +32,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.sim import apiserver_lists, apiserver_resource, apiserver_reviews, apiserver_watch
-from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, TokenTable, UserInfo
+from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, ANONYMOUS, TokenTable, UserInfo
 from tests.sim.apiserver_policy import Policy, route_eviction
 from tests.sim.apiserver_rbac import (
     BOOTSTRAP_CLUSTER_ROLES,
+    PUBLIC_INFO_PATHS,
     RbacAuthorizer,
     RequestAttributes,
     forbidden,
@@ -184,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
                     body = json.loads(raw)
                 except ValueError:
                     raise bad_request(f"the request body is not valid JSON: {raw[:80]!r}") from None
-            user = api._authenticate(self.headers.get("Authorization"))
+            user = api._authenticate(self.headers.get("Authorization"), method, parts.path)
             self.acct_who = (self.acct_who[0], user.username)
             audit = AuditRecord(user)
             api._log(RequestRecord(method, parts.path, query, content_type, body, user.username))
@@ -464,11 +465,17 @@ class ApiServer:
         self.requests.append(rec)
 
     # -- authentication, authorization, admission (tests/sim/apiserver_auth.py, _rbac.py, _admission.py)
-    def _authenticate(self, authorization: str | None) -> UserInfo:
+    def _authenticate(self, authorization: str | None, method: str = "GET", path: str = "") -> UserInfo:
         if self.auth is None:
             return ADMIN
         user = self.auth.authenticate(authorization)
         if user is None:
+            # kube-apiserver's default --anonymous-auth=true: a request without credentials is
+            # system:anonymous, which RBAC lets read only the public info endpoints; any other request
+            # without (valid) credentials is refused here, as with anonymous auth limited to those
+            # endpoints (AuthenticationConfiguration anonymous.conditions, kubernetes KEP-4633)
+            if not authorization and method == "GET" and path in PUBLIC_INFO_PATHS:
+                return ANONYMOUS
             raise unauthorized()
         return user
 

@@ -13,8 +13,10 @@ e.g. the manifests the ``hami_rbac`` role renders, evaluated the way kube-apiser
 * a rule matches when its apiGroups, resources (``pods``, ``pods/binding``, ``*``, ``*/status``), verbs and
   ``resourceNames`` (empty = any) all match; ClusterRoleBindings apply everywhere, RoleBindings only in
   their namespace; subjects are users, groups and ServiceAccounts (``system:serviceaccount:<ns>:<name>``);
-* ``system:masters`` is always allowed; discovery paths (``/api``, ``/apis``, ``/version``) are allowed for
-  every authenticated user (the bootstrap ``system:discovery`` binding);
+* ``system:masters`` is always allowed; ``GET /version``, ``/healthz``, ``/livez``, ``/readyz`` for
+  everyone, the anonymous user included (``system:public-info-viewer``); discovery paths (``/api``,
+  ``/apis``, ``/version``) are allowed for every authenticated user (the bootstrap ``system:discovery``
+  binding);
 * a refusal is 403 ``Forbidden`` with the real message
   (``staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/errors.go`` ``forbiddenMessage``):
   ``pods "p" is forbidden: User "u" cannot patch resource "pods" in API group "" in the namespace "ns"``.
@@ -33,6 +35,9 @@ from tests.sim.apiserver_auth import MASTERS, SERVICE_ACCOUNT_PREFIX, UserInfo
 from tests.sim.apiserver_store import ApiError, Obj, Store, resource_for_kind
 
 DISCOVERY_PATHS = re.compile(r"^/(api|apis|version)(/[^/]+(/[^/]+)?)?/?$")
+# the bootstrap ClusterRole system:public-info-viewer, bound to system:authenticated and
+# system:unauthenticated (kubernetes plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go)
+PUBLIC_INFO_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version", "/version/"})
 
 # Bootstrap ClusterRoles that manifests bind to by name (the real server creates them at start-up:
 # plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go). Only the few our roles may reference.
@@ -170,6 +175,8 @@ class RbacAuthorizer:
         if MASTERS in user.groups:
             return True, ""
         if not attrs.resource_request:
+            if attrs.path in PUBLIC_INFO_PATHS and attrs.verb == "get":
+                return True, ""
             return bool(DISCOVERY_PATHS.match(attrs.path)) and user.username != "system:anonymous", ""
         errors: list[str] = []
         for role_rules in self._rules_for(user, attrs.namespace, errors):

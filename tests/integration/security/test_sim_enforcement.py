@@ -62,6 +62,19 @@ def test_no_or_unknown_token_is_401_and_the_default_stays_open():
         assert call(api, "simulated-token", "GET", "/api/v1/nodes")[0] == 200  # the admin kubeconfig
 
 
+def test_anonymous_reads_only_the_public_info_endpoints(secured):
+    """kube-apiserver's default (--anonymous-auth=true, system:public-info-viewer): a request without a
+    token may GET /version (the sandbox's readiness probe); anything else without one is 401, and a bad
+    token is 401 even on /version."""
+    api, _tokens = secured
+    code, body, _ = call(api, None, "GET", "/version")
+    assert code == 200 and body["gitVersion"].startswith("v1."), body
+    assert call(api, "nope", "GET", "/version")[0] == 401
+    assert call(api, None, "GET", "/api")[0] == 401
+    assert call(api, None, "GET", "/api/v1/nodes")[0] == 401
+    assert call(api, None, "POST", "/version", body={})[0] == 401
+
+
 def test_rbac_forbidden_message_is_the_real_one(secured):
     api, tokens = secured
     sa = tokens.add_service_account("kube-system", "x")
