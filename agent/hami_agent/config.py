@@ -1,7 +1,8 @@
 """One typed configuration model for the agent.
 
 Accepts what HAMi deployments already have, so an existing ConfigMap can be mounted unchanged
-(reference/hami.md §5):
+(Project-HAMi/HAMi ``pkg/device/nvidia/device.go`` ``NvidiaConfig``; the device plugin's per-node
+``config.json``):
 
 * HAMi's ``device-config.yaml``: the ``nvidia:`` section (resource names, request defaults, and the
   node defaults ``deviceSplitCount`` ... that can be overridden per node). Other vendors' sections are
