@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from hami_agent.protocol import keys
-from hami_agent.protocol.requests import hami_resource_names
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +115,6 @@ class NvidiaConfig(NodeDefaults):
     mig_profile_allowlist: tuple[MigProfileAllowlistEntry, ...] = ()
     known_mig_geometries: tuple[KnownMigGeometry, ...] = ()
 
-    @property
-    def resource_names(self) -> tuple[str, ...]:
-        """All five HAMi-managed resource names (extender managedResources)."""
-        return hami_resource_names(self)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from hami_agent.config import build_config
-from hami_agent.deviceplugin.register import (
+from hami_agent.deviceplugin.node_register import (
     RESULT_ERROR,
     RESULT_PATCHED,
     RESULT_PAUSED,
