@@ -189,6 +189,8 @@ class Extender:
                 self.cache.restore(uid, prev)
         if dec.node is None:
             self._count("filter", "unschedulable")
+            if self.metrics is not None and not simulate:
+                self.metrics.count_node_failures(dec.failed)
             if self.requeue is not None and not simulate:
                 self.requeue.refused()
             logger.info("pod %s/%s: no node fits: %d nodes do not meet", ns, name, len(dec.failed))
@@ -362,10 +364,6 @@ class Extender:
             log.v(logger, 3, "list resourcequotas in %s failed: %s", ns, exc)
         self._quota[ns] = (now, value)
         return value
-
-    def context_for(self, pod: dict) -> PodContext:
-        return pod_context(((pod.get("metadata") or {}).get("annotations")) or {},
-                           self.config.node_policy, self.config.gpu_policy)
 
     def _count(self, verb: str, result: str) -> None:
         if self.metrics is not None:

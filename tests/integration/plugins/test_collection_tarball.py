@@ -31,8 +31,8 @@ DECOY = "generated-decoy"
 # Top-level files and path prefixes a user's install may contain: the product, never the development tree.
 ALLOWED_FILES = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "pyproject.toml",
                  "meta/runtime.yml"}
-ALLOWED_PREFIXES = ("agent/hami_agent/", "docs/", "playbooks/", "plugins/filter/", "plugins/modules/",
-                    "plugins/module_utils/", "roles/", "inventories/example/")
+ALLOWED_PREFIXES = ("agent/hami_agent/", "dashboards/", "docs/", "playbooks/", "plugins/filter/",
+                    "plugins/modules/", "plugins/module_utils/", "roles/", "inventories/example/")
 
 # Generated paths .gitignore does not list (tools that write them are run from other directories too).
 EXTRA_GENERATED = tuple(p.format(d=DECOY) for p in (
@@ -124,7 +124,7 @@ def test_tarball_holds_the_product_and_nothing_generated(installed):
     missing = sorted(wanted - set(names))
     assert not missing, f"source files missing from the tarball (too wide a build_ignore?): {missing}"
     assert {"plugins/filter/known_bad_driver.py", "playbooks/site.yml", "agent/hami_agent/cli.py",
-            "roles/hami_agent/tasks/main.yml"} <= set(names)
+            "roles/hami_agent/tasks/main.yml", "dashboards/hami-node.json"} <= set(names)
     assert (src / f"agent/hami_agent/{DECOY}.pyc").exists()  # the decoys were really planted
 
 
