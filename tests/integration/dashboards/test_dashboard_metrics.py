@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hami_agent.protocol import keys
 from tests.integration.scheduler.cluster import gpu_node, gpu_pod, stack
+from tests.shrreg.helpers import stop
 from tests.sim.kubelet import SimulatedKubelet
 from tests.unit.deviceplugin.fakes import ctr, hami_pod
 from tests.unit.shrreg.builder import MIB, build
@@ -102,15 +103,6 @@ def wait_for(pred, timeout: float = 30.0):
     return pred()
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 def _device_plugin_names(node, api_server, tmp_path: Path) -> set[str]:
     sock_dir = tempfile.mkdtemp(prefix="dp-", dir="/tmp")  # unix socket paths must stay short
     kubelet = SimulatedKubelet(sock_dir).start()
@@ -142,7 +134,7 @@ def _device_plugin_names(node, api_server, tmp_path: Path) -> set[str]:
         assert res is not None and not res.admitted, res
         return scrape(f"http://127.0.0.1:{port}/metrics")
     finally:
-        _stop(proc)
+        stop(proc)
         kubelet.close()
         shutil.rmtree(sock_dir, ignore_errors=True)
 
@@ -174,7 +166,7 @@ def _monitor_names(node, api_server, tmp_path: Path) -> set[str]:
         assert names, log.read_text()[-3000:]
         return names
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _extender_names(api_server) -> set[str]:
