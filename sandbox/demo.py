@@ -34,6 +34,7 @@ from sandbox import rollout as ro
 from sandbox.cluster import PLUGIN_UNIT, SCHEDULER_UNIT, Sandbox, SandboxError, _env, wait_for
 from sandbox.config import GPUSIM_LIB, REPO
 from sandbox.report import STEP_TITLES, write_html, write_json
+from sandbox.report_metrics import panels_html
 from sandbox.workload import NAMESPACE, replay_workload, sample_workload
 
 SEED_NODE = "gpu-h20"
@@ -109,6 +110,20 @@ class Demo:
                     name = rec["pod"].split("/", 1)[1]
                     if uids.get(name) == rec.get("uid"):
                         out[name] = rec
+        return out
+
+    def scrapes(self) -> dict[str, str]:
+        """The ``/metrics`` texts of the extender and every node's device plugin ("" where down), for the
+        report's dashboard picture."""
+        ports = {"scheduler": self.sb.cfg.scheduler_metrics_port,
+                 **{f"plugin {n.name}": n.metrics_port for n in self.sb.cfg.nodes}}
+        out: dict[str, str] = {}
+        for source, port in ports.items():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:  # noqa: S310
+                    out[source] = r.read().decode()
+            except OSError:
+                out[source] = ""
         return out
 
     def metric(self, port: int, name: str) -> float | None:
@@ -773,7 +788,7 @@ def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
         (out / "report.txt").write_text(
             text + f"\n{passed}/{len(demo.checks)} checks passed in {elapsed:.0f}s\n"
         )
-        write_html(out / "report.html", demo.checks, demo.sections, elapsed)
+        write_html(out / "report.html", demo.checks, demo.sections, elapsed, panels_html(demo.scrapes()))
         write_json(out / "report.json", demo.checks, STEP_TITLES, demo.rollout)
         demo.say(f"  report: {out / 'report.txt'}, {out / 'report.html'}, {out / 'report.json'}; "
                  f"logs: {sb.cfg.logs}")

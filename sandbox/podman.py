@@ -1,4 +1,4 @@
-"""The node containers: podman with systemd as PID 1 on the host network (reference/testing-notes.md)."""
+"""The node containers: podman with systemd as PID 1 on the host network (docs/sandbox.md)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,9 @@ def write_json(path: Path, checks: list[Any], titles: dict[str, str], rollout: d
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def write_html(path: Path, checks: list[Any], sections: dict[str, list[str]], elapsed: float) -> None:
+def write_html(path: Path, checks: list[Any], sections: dict[str, list[str]], elapsed: float,
+               panels: str = "") -> None:
+    """``panels``: the dashboard picture (``sandbox.report_metrics.panels_html``), trusted HTML."""
     passed = sum(c.ok for c in checks)
     rows = "\n".join(
         f"<tr class='{'ok' if c.ok else 'fail'}'><td>{html.escape(c.step)}</td>"
@@ -66,6 +68,7 @@ kubelets; the agent, the playbooks and the podman nodes are real (docs/sandbox.m
 <table><tr><th>step</th><th>result</th><th>check</th><th>detail</th></tr>
 {rows}
 </table>
+{"<h2>Dashboard</h2>" + panels if panels else ""}
 <h2>Output</h2>
 {logs}
 </body></html>

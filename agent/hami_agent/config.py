@@ -1,7 +1,8 @@
 """One typed configuration model for the agent.
 
 Accepts what HAMi deployments already have, so an existing ConfigMap can be mounted unchanged
-(reference/hami.md §5):
+(Project-HAMi/HAMi ``pkg/device/nvidia/device.go`` ``NvidiaConfig``; the device plugin's per-node
+``config.json``):
 
 * HAMi's ``device-config.yaml``: the ``nvidia:`` section (resource names, request defaults, and the
   node defaults ``deviceSplitCount`` ... that can be overridden per node). Other vendors' sections are
@@ -27,7 +28,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from hami_agent.protocol import keys
-from hami_agent.protocol.requests import hami_resource_names
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +115,6 @@ class NvidiaConfig(NodeDefaults):
     mig_profile_allowlist: tuple[MigProfileAllowlistEntry, ...] = ()
     known_mig_geometries: tuple[KnownMigGeometry, ...] = ()
 
-    @property
-    def resource_names(self) -> tuple[str, ...]:
-        """All five HAMi-managed resource names (extender managedResources)."""
-        return hami_resource_names(self)
 
 
 @dataclass(frozen=True)

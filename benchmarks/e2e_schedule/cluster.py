@@ -36,8 +36,8 @@ from benchmarks.apiserver_proc import ApiServerProcess
 from hami_agent.config import build_config
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_agent.deviceplugin.manager import DevicePluginManager
+from hami_agent.deviceplugin.node_register import NodeRegistrar
 from hami_agent.deviceplugin.podsource import K8sPodSource
-from hami_agent.deviceplugin.register import NodeRegistrar
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.k8s.client import KubeClient
 from hami_agent.k8s.informer import Informer

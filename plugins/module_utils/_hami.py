@@ -3,8 +3,8 @@
 """HAMi node annotations: the small decoding the hami_node module needs. PRIVATE to hami.node.
 
 Re-implemented here on purpose (not imported from the hami-agent package): module code runs on hosts
-where the agent is not installed. Formats: reference/hami.md §1 (register JSON or legacy text, handshake
-`Requesting_<YYYY-MM-DD HH:MM:SS>` / legacy `Reported <go time>` / `Deleted_<t>`, node lock
+where the agent is not installed. Formats: Project-HAMi/HAMi pkg/device/devices.go (register JSON or legacy
+text, handshake `Requesting_<YYYY-MM-DD HH:MM:SS>` / legacy `Reported <go time>` / `Deleted_<t>`, node lock
 `<RFC3339>,<ns>,<pod>`, device cordon = comma-separated UUIDs).
 """
 

@@ -2,7 +2,7 @@
  * mkregion: writes and drives HAMi-core shared-region files ("cudevshr.cache") for tests.
  *
  * It carries its OWN struct definitions for every layout variant documented in
- * reference/hami-core.md section 2-3 (v0b, v1.1, v1.1-transient, v1.2), checked by static
+ * Project-HAMi/HAMi-core src/multiprocess/multiprocess_memory_limit.h (and its history) (v0b, v1.1, v1.1-transient, v1.2), checked by static
  * asserts against the documented sizes and offsets, and uses real glibc process-shared
  * semaphores (sem_init(pshared=1)), so the Python reader is tested against bytes produced the
  * way the C library produces them, not against bytes the Python side wrote itself.

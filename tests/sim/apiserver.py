@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.sim import apiserver_lists, apiserver_resource, apiserver_reviews, apiserver_watch
+from tests.sim import apiserver_lists, apiserver_meta, apiserver_resource, apiserver_reviews, apiserver_watch
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, ANONYMOUS, TokenTable, UserInfo
 from tests.sim.apiserver_policy import Policy, route_eviction
 from tests.sim.apiserver_rbac import (
@@ -246,6 +246,7 @@ class ApiServer:
         self.watch_hub = apiserver_watch.WatchHub()  # each write goes to the watches it may concern
         self.store.on_record = self.watch_hub.publish
         apiserver_resource.install(self.store)  # resource.k8s.io write rules (validation, status, generation)
+        self.store.on_write.append(apiserver_meta.validate_object_meta)  # labels, annotations: 422
         self.auth = auth
         self.rbac = RbacAuthorizer(self.store) if rbac else None
         if rbac:

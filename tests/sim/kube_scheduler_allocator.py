@@ -1,9 +1,10 @@
 """SIMULATED device-plugin Allocate side, for scheduler tests that run without a kubelet simulator.
 
 After the extender's /bind, the real device plugin finds the pod through the node lock, serves
-Allocate, sets ``hami.io/bind-phase=success`` and releases ``hami.io/mutex.lock`` (reference §0
-steps 4-5). This stub does only those two API writes, for every bound pod in ``allocating`` phase,
-so that the next pod can take the node lock. It does not allocate anything."""
+Allocate, sets ``hami.io/bind-phase=success`` and releases ``hami.io/mutex.lock`` (Project-HAMi/HAMi
+pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go ``Allocate``). This stub does only those
+two API writes, for every bound pod in ``allocating`` phase, so that the next pod can take
+the node lock. It does not allocate anything."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Modules: ``settings`` (typed options), ``devices`` (snapshot -> advertised resources and device IDs),
 ``health`` (Unhealthy/recovery rules), ``allocator`` (GetPreferredAllocation/Allocate logic, pure),
 ``podsource`` (where pods come from: informer cache + short API calls), ``server`` (one gRPC server per
-resource, deadline-bounded handlers), ``registration`` (Register with kubelet, retry/backoff),
-``manager`` (lifecycle: re-registration, pause, crash limit), ``metrics``/``httpserver`` (/metrics,
-/healthz), ``cmd`` (``hami-agent device-plugin``). ``register.py`` (node annotation loop) is H3's.
+resource, deadline-bounded handlers), ``kubelet_registration`` (Register with the kubelet, retry/backoff),
+``node_register`` (the ``hami.io/node-nvidia-register`` node annotation loop), ``manager`` (lifecycle:
+re-registration, pause, crash limit), ``metrics``/``httpserver`` (/metrics, /healthz), ``cmd``
+(``hami-agent device-plugin``).
 """

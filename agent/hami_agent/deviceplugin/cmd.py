@@ -173,7 +173,7 @@ def _dynamic_mig(args: argparse.Namespace, cfg: Any, settings: Any, pods: Any) -
     """The node's dynamic-MIG instance manager, with its own long-lived NVML worker (a hung create never
     stalls the inventory the supervisor keeps)."""
     from hami_agent.deviceplugin.dynmig import DynamicMig
-    from hami_agent.deviceplugin.register import allowed_mig_profile_names
+    from hami_agent.deviceplugin.node_register import allowed_mig_profile_names
     from hami_agent.nvml.client import NvmlClient
     from hami_agent.nvml.mig import MigNvml
 
@@ -267,7 +267,7 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
 
     registrar_thread = None
     if client is not None and not args.no_node_register:
-        from hami_agent.deviceplugin.register import NodeRegistrar
+        from hami_agent.deviceplugin.node_register import NodeRegistrar
 
         # The annotation advertises the mode this plugin serves (mig: the profiles dynamic MIG discovered),
         # and as many sharing slots per GPU as it advertises replicas to the kubelet.

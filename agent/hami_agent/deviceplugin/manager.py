@@ -25,12 +25,13 @@ from hami_agent import known_bad_drivers, log
 from hami_agent.deviceplugin.allocator import Allocator
 from hami_agent.deviceplugin.devices import PlanError, ResourcePlan, degrade, plan_resources
 from hami_agent.deviceplugin.health import HealthTracker
+from hami_agent.deviceplugin.kubelet_registration import RegistrationError, register_with_retry
 from hami_agent.deviceplugin.metrics import PluginMetrics
 from hami_agent.deviceplugin.podsource import PodSource
-from hami_agent.deviceplugin.registration import RegistrationError, register_with_retry
 from hami_agent.deviceplugin.server import DeadlineRunner, DeviceState, PluginServer
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.miglock import MigApplyLock
+from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +50,6 @@ class _NoSnapshot:
     stuck_call: str | None = None
     taken_at: float = 0.0
     generation: int = 0
-
-
-class FatalPluginError(RuntimeError):
-    """The plugin cannot continue (registration refused, servers crash-looping)."""
 
 
 class _Registrar:
@@ -395,26 +392,12 @@ class DevicePluginManager:
 
     # ------------------------------------------------------------------------------ NVML source
     def _start_source(self) -> Any:
-        source = self.source_factory()
-        start = getattr(source, "start", None)
-        if callable(start):
-            start()
-        self.source = source
-        snap = source.snapshot()
-        end = time.monotonic() + self.settings.first_snapshot_wait_s
-        while (getattr(snap, "status", "ok") == "starting" and time.monotonic() < end
-               and not self._stop.is_set()):
-            snap = source.wait_for_change(getattr(snap, "generation", 0), min(0.2, end - time.monotonic()))
-        return snap
+        self.source = start_source(self.source_factory)
+        return first_snapshot(self.source, self.settings.first_snapshot_wait_s, self._stop)
 
     def _stop_source(self) -> None:
         source, self.source = self.source, None
-        stop = getattr(source, "stop", None)
-        if callable(stop):
-            try:
-                stop()
-            except Exception as exc:
-                logger.warning("stopping the NVML supervisor failed: %s", exc)
+        stop_source(source)
 
     # ------------------------------------------------------------------------------ pause
     def _should_pause(self) -> bool:

@@ -94,10 +94,6 @@ def conditional_patch(ref: PodRef, expect: dict[str, str], changes: dict[str, st
     return ops
 
 
-def _annotations(obj: dict | None) -> dict[str, str]:
-    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
-
-
 @dataclass
 class MemoryPodSource:
     """In-memory pods and node annotations (tests, benchmarks, standalone). Records every write and

@@ -213,7 +213,8 @@ def check(nodes: Iterable[Mapping], pods: Iterable[Mapping], *,
 def _collapse_for_check(ctrs: list, n_init: int) -> list[tuple[str, int, int, int]]:
     """Per GPU of one pod (uuid, memory, cores, slots): memory/cores = max(max over init containers, sum
     over app containers), slots = app containers on it (1 when only init containers use it) — HAMi's
-    accounting (reference §4.2): init containers run before the app containers, never with them.
+    accounting (Project-HAMi/HAMi pkg/device/pods.go, pkg/device/initContainer.go): init containers run before
+    the app containers, never with them.
     Written out here rather than imported from the scheduler so the check does not trust the code it
     checks."""
     init: dict[str, list[int]] = {}

@@ -33,6 +33,7 @@ from hami_agent.dra.metrics import DraMetrics
 from hami_agent.dra.plugin import HealthBoard, KubeletPlugin
 from hami_agent.dra.prepare import Preparer
 from hami_agent.dra.settings import DraSettings
+from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 
 logger = logging.getLogger(__name__)
 
@@ -139,26 +140,12 @@ class DraDriver:
 
     # ------------------------------------------------------------------------------ NVML source
     def _start_source(self) -> Any:
-        source = self.source_factory()
-        start = getattr(source, "start", None)
-        if callable(start):
-            start()
-        self.source = source
-        snap = source.snapshot()
-        end = time.monotonic() + self.settings.first_snapshot_wait_s
-        while (getattr(snap, "status", "ok") == "starting" and time.monotonic() < end
-               and not self._stop.is_set()):
-            snap = source.wait_for_change(getattr(snap, "generation", 0), min(0.2, end - time.monotonic()))
-        return snap
+        self.source = start_source(self.source_factory)
+        return first_snapshot(self.source, self.settings.first_snapshot_wait_s, self._stop)
 
     def _stop_source(self) -> None:
         source, self.source = self.source, None
-        stop = getattr(source, "stop", None)
-        if callable(stop):
-            try:
-                stop()
-            except Exception as exc:
-                logger.warning("stopping the NVML supervisor failed: %s", exc)
+        stop_source(source)
 
     def _mig_lock_held(self) -> bool:
         lock = self.settings.mig_apply_lock

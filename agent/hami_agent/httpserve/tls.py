@@ -22,16 +22,6 @@ def server_context(cert_file: str, key_file: str | None = None, client_ca_file: 
     return ctx
 
 
-def client_context(ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
-                   server_name_check: bool = True) -> ssl.SSLContext:
-    """Client context that trusts ``ca_file`` (else the system roots) and presents ``cert_file``."""
-    ctx = ssl.create_default_context(cafile=ca_file)
-    ctx.check_hostname = server_name_check
-    if cert_file:
-        ctx.load_cert_chain(cert_file, key_file or None)
-    return ctx
-
-
 def common_name(cert: dict | None) -> str | None:
     """The subject CN of a certificate in ``getpeercert()`` form."""
     for rdn in (cert or {}).get("subject", ()):

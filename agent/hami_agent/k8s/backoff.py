@@ -39,5 +39,6 @@ class Backoff:
 
 
 def hami_nodelock_backoff() -> Backoff:
-    """HAMi's node lock retry: 5 steps starting at 100 ms, factor 2, jitter 0.5 (reference/hami.md §1.4)."""
+    """HAMi's node lock retry: 5 steps starting at 100 ms, factor 2, jitter 0.5 (Project-HAMi/HAMi
+    pkg/util/nodelock/nodelock.go)."""
     return Backoff(duration_s=0.1, factor=2.0, jitter=0.5, steps=5)

@@ -123,9 +123,6 @@ class LeaderElector:
         holder, ann = self._leader_record
         return ann.get(key) if holder else None
 
-    def wait_for_leadership(self, timeout: float) -> bool:
-        return self._leading.wait(timeout)
-
     # -- loop
     def _run(self) -> None:
         try:

@@ -1,4 +1,5 @@
-"""HAMi's node lock (``hami.io/mutex.lock``, reference/hami.md §1.4) over the API.
+"""HAMi's node lock (``hami.io/mutex.lock``, Project-HAMi/HAMi ``pkg/util/nodelock/nodelock.go``) over the
+API.
 
 The scheduler's ``/bind`` takes it before binding a pod to a node; the device plugin finds the pod via
 the lock's owner and releases it after Allocate. Compatible with HAMi's value and rules:

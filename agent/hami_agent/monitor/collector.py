@@ -239,6 +239,9 @@ class RegionMonitor(Collector):
 
         used = fam("hami_vgpu_memory_used_bytes", "vGPU device memory usage in bytes", CTR_LABELS)
         limit = fam("hami_vgpu_memory_limit_bytes", "vGPU device memory limit in bytes", CTR_LABELS)
+        # the gpucores share HAMi-core enforces (sm_limit), so a dashboard can set cores used against it
+        core_limit = fam("hami_vgpu_core_limit_percent",
+                         "vGPU device SM limit (nvidia.com/gpucores) in percent", CTR_LABELS)
         cdev = fam("hami_container_device_memory_bytes", "Container device memory usage in bytes", CTR_LABELS)
         util = fam(
             "hami_container_device_utilization_ratio", "Container device SM utilization ratio", CTR_LABELS
@@ -253,7 +256,7 @@ class RegionMonitor(Collector):
         )
         mod = fam("hami_vgpu_memory_module_bytes", "Container device memory module size in bytes", CTR_LABELS)
         buf = fam("hami_vgpu_memory_buffer_bytes", "Container device memory buffer size in bytes", CTR_LABELS)
-        fams = [used, limit, cdev, util, lastk, ctx, mod, buf]
+        fams = [used, limit, core_limit, cdev, util, lastk, ctx, mod, buf]
         if self.legacy:
             l_used = fam("vGPU_device_memory_usage_in_bytes", "vGPU device usage", LEGACY_CTR_LABELS)
             l_limit = fam("vGPU_device_memory_limit_in_bytes", "vGPU device limit", LEGACY_CTR_LABELS)
@@ -303,6 +306,7 @@ class RegionMonitor(Collector):
                 sm = sum(p.device_util[d].sm_util for p in live)
                 used.add_metric(labels, total)
                 limit.add_metric(labels, r.limit[d])
+                core_limit.add_metric(labels, r.sm_limit[d])
                 cdev.add_metric(labels, total)
                 util.add_metric(labels, sm)
                 ctx.add_metric(labels, context)

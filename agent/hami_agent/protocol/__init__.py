@@ -1,4 +1,5 @@
-"""HAMi wire formats (reference/hami.md §1-4). Pure functions, no I/O, imports nothing else of ours.
+"""HAMi wire formats (Project-HAMi/HAMi ``pkg/device/devices.go``, ``pkg/device/nvidia/device.go``,
+``pkg/util/``). Pure functions, no I/O, imports nothing else of ours.
 
 Stable public names (other packages import them from here): ``NodeDevice``, ``ContainerDevice``,
 ``encode_node_devices``, ``decode_node_devices``, ``encode_pod_devices``, ``decode_pod_devices``,

@@ -1,4 +1,5 @@
-"""Pod and node annotations the scheduler reads (reference/hami.md §3.3, §1 device-cordon)."""
+"""Pod and node annotations the scheduler reads (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``,
+``pkg/util/types.go``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Node register annotation (``hami.io/node-nvidia-register``) and pod device strings.
 
-Formats: reference/hami.md §1.1 (node devices, JSON since v2.8 and the legacy 7/9-field text) and §2
-(pod device strings ``uuid,NVIDIA,mem,cores:`` per device, ``;`` per container).
+Formats: Project-HAMi/HAMi ``pkg/device/devices.go`` (node devices, JSON since v2.8 and the legacy 7/9-field
+text; pod devices) (pod device strings ``uuid,NVIDIA,mem,cores:`` per device, ``;`` per container).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Values of ``hami.io/node-handshake`` (reference/hami.md §1.2).
+"""Values of ``hami.io/node-handshake`` (Project-HAMi/HAMi ``pkg/device/devices.go`` ``CheckHealth``).
 
 Current schedulers write ``Requesting_<2006-01-02 15:04:05>`` (local time, no zone) and delete the key on
 node loss; legacy plugins wrote ``Reported <Go time.String()>`` and legacy schedulers ``Deleted_<time>``;

@@ -1,4 +1,5 @@
-"""Annotation, label and resource name constants of HAMi's NVIDIA protocol (reference/hami.md §1-3)."""
+"""Annotation, label and resource name constants of HAMi's NVIDIA protocol (Project-HAMi/HAMi
+``pkg/util/types.go``, ``pkg/device/nvidia/device.go``, ``pkg/util/nodelock/nodelock.go``)."""
 
 from __future__ import annotations
 

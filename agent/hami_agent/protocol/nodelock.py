@@ -1,4 +1,5 @@
-"""Value of the node lock annotation ``hami.io/mutex.lock`` (reference/hami.md §1.4).
+"""Value of the node lock annotation ``hami.io/mutex.lock`` (Project-HAMi/HAMi
+``pkg/util/nodelock/nodelock.go``).
 
 ``<RFC3339 time>,<namespace>,<podName>``; the legacy value is a bare RFC3339 timestamp (no owner).
 """

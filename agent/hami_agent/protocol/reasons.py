@@ -1,5 +1,5 @@
-"""Scheduler failure reasons (reference/hami.md §4.3): constants with HAMi's exact spelling and the
-``"<n>/<m> <Reason>"`` strings joined with ``", "``."""
+"""Scheduler failure reasons (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``, ``pkg/scheduler/score.go``):
+constants with HAMi's exact spelling and the ``"<n>/<m> <Reason>"`` strings joined with ``", "``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Per-container GPU requests from a pod dict (reference/hami.md §3.1) and the webhook's resource
+"""Per-container GPU requests from a pod dict (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``
+``GenerateResourceRequests``) and the webhook's resource
 defaults (§3.2). Pods are plain dicts in the API's JSON form."""
 
 from __future__ import annotations

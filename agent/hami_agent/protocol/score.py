@@ -1,4 +1,5 @@
-"""``hami.io/node-nvidia-score`` (reference/hami.md §1.3): GPU pair scores for the topology-aware policy,
+"""``hami.io/node-nvidia-score`` (Project-HAMi/HAMi ``pkg/device/nvidia/calculate_score.go``): GPU pair scores
+for the topology-aware policy,
 ``[{"uuid":"GPU-a","score":{"GPU-b":<int>,...}},...]``, plus the link score table."""
 
 from __future__ import annotations

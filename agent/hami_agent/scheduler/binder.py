@@ -1,5 +1,5 @@
-"""/bind (reference §4.6): bind only what this extender decided, keep the node lock exactly as long as
-the pod may still need it, and never guess the outcome of a binding.
+"""/bind (Project-HAMi/HAMi ``pkg/scheduler/scheduler.go`` ``Bind``): bind only what this extender decided,
+keep the node lock exactly as long as the pod may still need it, and never guess the outcome of a binding.
 
 * The request names the pod (namespace, name, uid) and a node. It is bound only if this extender's
   own /filter decided that node for that uid (``DecisionLog``), the pod is still pending for our

@@ -1,4 +1,5 @@
-"""Scheduler events (reference §4.5), posted off the request path by one worker thread.
+"""Scheduler events (Project-HAMi/HAMi ``pkg/scheduler/event.go``), posted off the request path by one worker
+thread.
 
 Why a worker: an event is a write to the API; /filter must answer kube-scheduler without waiting for
 it (HAMi also records events asynchronously through client-go's broadcaster).

@@ -1,4 +1,5 @@
-"""/filter and /bind (reference §4.3-4.6): what the extender may decide for, the cache decision, the
+"""/filter and /bind (Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``): what the extender may decide for, the
+cache decision, the
 pod's annotations and the read-back of writes whose answer was lost. HTTP-free: ``server`` maps routes
 onto these methods; ``binder`` does /bind.
 
@@ -23,6 +24,7 @@ from hami_agent import log
 from hami_agent.k8s.errors import KubeError
 from hami_agent.protocol import ProtocolError, encode_pod_devices, keys
 from hami_agent.protocol.annotations import DEFAULT_GPU_POLICY, DEFAULT_NODE_POLICY
+from hami_agent.protocol.labels import vgpu_node_label
 from hami_agent.protocol.mig import MigAllocation, encode_mig_allocations
 from hami_agent.protocol.nodelock import DEFAULT_LOCK_EXPIRY
 from hami_agent.protocol.quantity import quantity_int
@@ -187,6 +189,8 @@ class Extender:
                 self.cache.restore(uid, prev)
         if dec.node is None:
             self._count("filter", "unschedulable")
+            if self.metrics is not None and not simulate:
+                self.metrics.count_node_failures(dec.failed)
             if self.requeue is not None and not simulate:
                 self.requeue.refused()
             logger.info("pod %s/%s: no node fits: %d nodes do not meet", ns, name, len(dec.failed))
@@ -238,7 +242,8 @@ class Extender:
             ann[keys.MIG_ALLOCATIONS] = mig or None
         try:
             self.gate.check("pod annotations")
-            self.wclient.patch_pod_metadata(ns, name, annotations=ann, labels={keys.VGPU_NODE: node},
+            self.wclient.patch_pod_metadata(ns, name, annotations=ann,
+                                            labels={keys.VGPU_NODE: vgpu_node_label(node)},
                                             resource_version=rv or None)
             return ""
         except NotLeader as exc:  # nothing was sent
@@ -359,10 +364,6 @@ class Extender:
             log.v(logger, 3, "list resourcequotas in %s failed: %s", ns, exc)
         self._quota[ns] = (now, value)
         return value
-
-    def context_for(self, pod: dict) -> PodContext:
-        return pod_context(((pod.get("metadata") or {}).get("annotations")) or {},
-                           self.config.node_policy, self.config.gpu_policy)
 
     def _count(self, verb: str, result: str) -> None:
         if self.metrics is not None:

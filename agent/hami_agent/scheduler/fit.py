@@ -1,4 +1,5 @@
-"""HAMi's device fit and scoring, as pure functions (reference/hami.md §4.3, §4.4).
+"""HAMi's device fit and scoring, as pure functions (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``
+``Fit``, ``pkg/scheduler/policy/gpu_policy.go``, ``node_policy.go``).
 
 ``fit_node`` answers "can this pod go on this node, on which GPUs, and if not why" for one node's
 device list; it never mutates the caller's devices (it works on clones).
@@ -103,7 +104,8 @@ class NodeFit:
 
 def pod_context(annotations: dict[str, str], node_policy: str = annotations_mod.DEFAULT_NODE_POLICY,
                 gpu_policy: str = annotations_mod.DEFAULT_GPU_POLICY) -> PodContext:
-    """Read the scheduling annotations of reference §3.3 once per pod (the protocol parses them).
+    """Read the scheduling annotations (``pkg/device/nvidia/device.go``) once per pod (the protocol parses
+    them).
 
     Unknown policies fall back to the flag defaults, as HAMi does (``ValidGPUSchedulerPolicy`` /
     ``ValidNodeSchedulerPolicy``). Bad ``hami.io/device-scoring-weights`` raise ``ProtocolError``:
@@ -147,7 +149,8 @@ def parse_weights(value: str | None) -> tuple[int, int, int]:
 # ----------------------------------------------------------------------------------------- scoring
 def device_score(d: DeviceUsage, req: ContainerDeviceRequest | None, weights=(1, 1, 1)) -> float:
     """HAMi ``DeviceListsScore.ComputeScore`` (Project-HAMi/HAMi ``pkg/scheduler/policy/gpu_policy.go``).
-    The request term only counts when the request type equals the device type (reference §4.4 quirk:
+    The request term only counts when the request type equals the device type (HAMi
+    ``pkg/scheduler/policy/gpu_policy.go`` quirk:
     real devices carry the model name, so it is 0). Its memory is the percentage of the device when
     one is set, even if a MiB request is given too (``MemPercentagereq`` wins there, unlike in Fit)."""
     if d.count == 0 or d.totalcore == 0 or d.totalmem == 0:

@@ -5,10 +5,14 @@ dashboards keep working; they are computed from the usage cache at scrape time."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+
+from hami_agent.protocol import reasons as R
+from hami_agent.protocol.errors import ProtocolError
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -56,4 +60,34 @@ class SchedulerMetrics:
                                 ["verb", "result"], registry=self.registry)
         self.latency = Histogram("hami_scheduler_request_duration_seconds", "Extender request latency",
                                  ["verb"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.node_failures = Counter("hami_scheduler_filter_node_failures",
+                                     "Nodes /filter found unfit for a pod, by reason (a node counts once per "
+                                     "reason it gave)", ["reason"], registry=self.registry)
         self.registry.register(_CacheCollector(cache))
+
+    def count_node_failures(self, failed: Mapping[str, str]) -> None:
+        """Count ``/filter``'s per-node failure texts (``"1/2 CardInsufficientMemory, ..."`` or a bare
+        reason) by reason word. The label takes only the known reasons (bounded), anything else is
+        ``Other``."""
+        for text in failed.values():
+            for reason in failure_reasons(text):
+                self.node_failures.labels(reason).inc()
+
+
+# the scheduler's own failure strings that are not one-word HAMi reasons, as label values
+_OTHER_FAILURES = {R.NODE_UNREGISTERED: "NodeUnregistered", R.NODE_USAGE_UNAVAILABLE: "NodeUsageUnavailable",
+                   R.DEVICE_TYPE_NOT_FOUND: "DeviceTypeNotFound"}
+
+
+def failure_reasons(text: str) -> list[str]:
+    """The reason words in one node's failure text, each one of ``ALL_REASONS``, the
+    ``_OTHER_FAILURES`` names or ``Other``."""
+    if text in _OTHER_FAILURES:
+        return [_OTHER_FAILURES[text]]
+    if text in R.ALL_REASONS:
+        return [text]
+    try:
+        words = list(R.parse_reason(text))
+    except ProtocolError:
+        return ["Other"]
+    return [w if w in R.ALL_REASONS else "Other" for w in words] or ["Other"]

@@ -67,13 +67,3 @@ def custom_filter(profiles: Sequence[MigProfile], occupied: Sequence[MigPlacemen
     return select_candidate(profiles, used, memreq) is not None
 
 
-def free_placements(profile: MigProfile, occupied: Sequence[MigPlacement]) -> int:
-    """How many more instances of ``profile`` fit next to ``occupied`` (greedy, HAMi's order)."""
-    used = list(occupied)
-    n = 0
-    while True:
-        got = select_placement(profile, used)
-        if got is None:
-            return n
-        used.append(got)
-        n += 1

@@ -90,7 +90,7 @@ class PodRequest:
 
 @dataclass(slots=True)
 class DeviceAmount:
-    """Collapsed usage of one pod on one physical GPU (reference §4.2)."""
+    """Collapsed usage of one pod on one physical GPU (Project-HAMi/HAMi ``pkg/device/pods.go``)."""
 
     slots: int = 0
     mem: int = 0

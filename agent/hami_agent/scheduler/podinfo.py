@@ -1,5 +1,5 @@
 """Pod side of the cache: which pods' allocations count, and a pod's allocation as collapsed per-GPU
-usage (reference §4.2).
+usage (Project-HAMi/HAMi ``pkg/device/pods.go``).
 
 A pod's allocation counts only when it is trustworthy:
 
@@ -116,8 +116,8 @@ def pod_usage(pod: dict, mig: tuple[tuple[str, int], ...] = (),
     n_init = len(_list(spec.get("initContainers")))
     n_all = n_init + len(_list(spec.get("containers")))
     if containers and len(containers) != n_all:
-        # HAMi v2.10 may drop the empty placeholders (reference §10): we cannot tell init from app
-        # entries, so count everything as app usage (never under-counts).
+        # HAMi v2.10 may drop the empty placeholders (since HAMi commit 9e75c87f, Project-HAMi/HAMi#1773): we
+        # cannot tell init from app entries, so count everything as app usage (never under-counts).
         log.v(logger, 3, "pod %s/%s: %s has %d container entries for %d containers; counting all as app",
               ns, name, keys.DEVICES_ALLOCATED, len(containers), n_all)
         n_init = 0

@@ -1,4 +1,5 @@
-"""A pod's device requests in the shape the extender's fit memo needs (reference §3.1), after checking
+"""A pod's device requests in the shape the extender's fit memo needs (Project-HAMi/HAMi
+``pkg/device/nvidia/device.go`` ``GenerateResourceRequests``), after checking
 that the pod has the shape the request parser walks.
 
 Thin adapter: ``hami_agent.protocol.requests`` does all of HAMi's request semantics (resource names and

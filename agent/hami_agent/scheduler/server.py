@@ -169,9 +169,6 @@ class ExtenderHTTPServer:
     def extender_port(self) -> int:
         return self._server.port(self._extender_listener)
 
-    def listener_port(self, name: str) -> int:
-        return self._server.port(name)
-
     def _url(self, listener: str, tls: bool) -> str:
         host, port = self._server.address(listener)
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host

@@ -1,8 +1,8 @@
 """Keeps the usage cache in step with the cluster: a node informer (register annotation, cordon,
 pair scores), a pod informer on pods labelled ``hami.io/vgpu-node`` (their allocations, counted by the
 rules of ``podinfo``), an informer on pending pods of our scheduler (the trusted pod state /filter and
-/bind read, see ``podstate``), and the register loop that applies the handshake rules (reference §1.2,
-§4.2) every 15 s, leader only."""
+/bind read, see ``podstate``), and the register loop that applies the handshake rules (Project-HAMi/HAMi
+``pkg/device/devices.go`` ``CheckHealth``; usage: ``pkg/device/pods.go``) every 15 s, leader only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Mutating admission webhook (``/webhook``, AdmissionReview v1, JSONPatch response; reference §3.2).
+"""Mutating admission webhook (``/webhook``, AdmissionReview v1, JSONPatch response; Project-HAMi/HAMi
+``pkg/scheduler/webhook.go``).
 
 For pods with HAMi resources: set ``schedulerName``, add ``nvidia.com/gpu`` when only memory/cores are
 given, the exclusive default (``gpucores: 100``), ``CUDA_TASK_PRIORITY`` and

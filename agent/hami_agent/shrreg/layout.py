@@ -1,6 +1,7 @@
 """Byte layouts of HAMi-core's shared region (``cudevshr.cache``) and how to tell them apart.
 
-Offsets are the x86-64/aarch64 glibc ABI of the C structs (reference/hami-core.md §2-3); they are
+Offsets are the x86-64/aarch64 glibc ABI of the C structs (Project-HAMi/HAMi-core
+``src/multiprocess/multiprocess_memory_limit.h`` and its history; docs/shrreg.md); they are
 data, not code, so one decoder serves every variant. Detection follows the reference's rule:
 magic first, then file size, then the header version (v0b files have no version fields).
 """

@@ -1,6 +1,7 @@
 """Safe, in-place repair of a shared region: force-unlock and dead-slot cleanup.
 
-Rules (reference/hami-core.md §7, §11; seed 002 "共享区域锁恢复流程"):
+Rules (Project-HAMi/HAMi-core ``src/multiprocess/multiprocess_memory_limit.c``
+``clear_proc_slot_nolock``, ``exit_handler``; seed 002 "共享区域锁恢复流程"):
 
 * The file is never deleted, truncated or re-created (HAMi's monitor keeps reading the old inode,
   and live processes keep pointers into it). We change a few words of the live mapping.

@@ -215,6 +215,9 @@ def _render_inspect(entries: list[Entry], device: str | None, out: TextIO, diag:
                 out.write("  Version:         none (v0b header)\n")
         shown = [f for f in e.findings if f.severity != analysis.OK]
         if shown:
+            # stdout is block-buffered when not a terminal: without this flush, in a shared log or
+            # ``2>&1 | less`` the diagnosis lands before (or inside a line of) the region it is about
+            out.flush()
             diag.write(f"Diagnosis for {e.path}:\n")
         for f in shown:
             diag.write(f"  [{f.severity.upper()}] {f.code}: {f.message}\n      Remedy: {f.remedy}\n")

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Print the defined dynamic symbols of an ELF shared object as JSON (stdlib only).
 
 Why not ``nm -D``: binutils is absent on minimal nodes and container images, while Python is always there

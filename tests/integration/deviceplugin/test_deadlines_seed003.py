@@ -126,7 +126,7 @@ class BlockingPlugin(api_pb2_grpc.DevicePluginServicer):
 def test_simulated_kubelet_reproduces_the_seed_003_stall_with_a_blocking_plugin(sock_dir):
     import concurrent.futures as cf
 
-    from hami_agent.deviceplugin.registration import register_once
+    from hami_agent.deviceplugin.kubelet_registration import register_once
 
     k = SimulatedKubelet(sock_dir, verbosity=4).start()
     plugin = BlockingPlugin()

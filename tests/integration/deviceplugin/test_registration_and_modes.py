@@ -12,8 +12,8 @@ import pytest
 from hami_agent import cli
 from hami_agent.deviceplugin.api import pluginregistration_pb2 as reg_pb2
 from hami_agent.deviceplugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hami_agent.deviceplugin.kubelet_registration import RegistrationError, register_once, register_with_retry
 from hami_agent.deviceplugin.mps import MpsError, check_mps_control
-from hami_agent.deviceplugin.registration import RegistrationError, register_once, register_with_retry
 from tests.gpusim.fixtures import BIN_DIR
 from tests.sim.kubelet import SimulatedKubelet
 from tests.unit.deviceplugin.fakes import FakeSnapshot, FakeSource, full_gpus

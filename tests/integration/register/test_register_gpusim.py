@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hami_agent.config import build_config
-from hami_agent.deviceplugin.register import NodeRegistrar
+from hami_agent.deviceplugin.node_register import NodeRegistrar
 from hami_agent.k8s.client import KubeClient, RetryPolicy
 from hami_agent.nvml import NvmlSupervisor
 from hami_agent.protocol import decode_node_devices, keys

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hami_agent.config import build_config
-from hami_agent.deviceplugin.register import RESULT_ERROR, NodeRegistrar
+from hami_agent.deviceplugin.node_register import RESULT_ERROR, NodeRegistrar
 from hami_agent.k8s.client import KubeClient, RetryPolicy
 from hami_agent.nvml.model import Gpu, Snapshot
 from hami_agent.protocol import decode_node_devices, keys

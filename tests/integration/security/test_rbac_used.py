@@ -48,8 +48,10 @@ RARE: dict[str, dict[tuple[str, str, str], str]] = {
         # has not seen it yet (a just-bound pod racing the watch); the informer is normally first.
         ("get", "", "pods"): "deviceplugin/podsource.py K8sPodSource.fetch_pod (informer lag)",
         # the node is read from the plugin's node watch; a GET only when the watch has not shown the lock
-        # yet (deviceplugin/owner.py find_lock_owner) or has not synced (register.py NodeRegistrar._read_node)
-        ("get", "", "nodes"): "deviceplugin/owner.py find_lock_owner, register.py _read_node (watch lag)",
+        # yet (deviceplugin/owner.py find_lock_owner) or has not synced
+        # (node_register.py NodeRegistrar._read_node)
+        ("get", "", "nodes"): "deviceplugin/owner.py find_lock_owner, node_register.py _read_node "
+                              "(watch lag)",
     },
     OPERATORS: {},
 }

@@ -1,4 +1,5 @@
-"""Agent config: HAMi device-config.yaml, per-node JSON, our agent section (reference/hami.md §5)."""
+"""Agent config: HAMi device-config.yaml, per-node JSON, our agent section (Project-HAMi/HAMi
+pkg/device/nvidia/device.go NvidiaConfig)."""
 
 from __future__ import annotations
 

@@ -123,7 +123,8 @@ def hami_pod(
     phase: str = "allocating",
     ns: str = "default",
 ) -> dict:
-    """A pod as HAMi's scheduler leaves it after /bind (annotations of reference/hami.md §2)."""
+    """A pod as HAMi's scheduler leaves it after /bind (annotations of Project-HAMi/HAMi
+    pkg/util/types.go)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -10,7 +10,7 @@ import argparse
 import pytest
 
 from hami_agent.deviceplugin import cmd
-from hami_agent.deviceplugin.register import build_node_devices
+from hami_agent.deviceplugin.node_register import build_node_devices
 from hami_agent.deviceplugin.settings import SettingsError
 from hami_agent.protocol import MigPlacement, MigProfile
 from tests.unit.register.test_register import cfg, gpu, snap

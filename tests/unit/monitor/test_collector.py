@@ -56,6 +56,7 @@ def test_hami_names_labels_and_values(tmp_path):
     }
     assert (lab, 150.0 * MIB) in s["hami_vgpu_memory_used_bytes"]  # exited slot (status 0) skipped
     assert (lab, 4096.0 * MIB) in s["hami_vgpu_memory_limit_bytes"]
+    assert (lab, 50.0) in s["hami_vgpu_core_limit_percent"]  # sm_limit (builder default 50)
     assert (lab, 150.0 * MIB) in s["hami_container_device_memory_bytes"]
     assert (lab, 150.0 * MIB) in s["hami_vgpu_memory_buffer_bytes"]  # data_size
     assert (lab, 0.0) in s["hami_vgpu_memory_context_bytes"]

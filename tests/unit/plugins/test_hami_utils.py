@@ -1,4 +1,4 @@
-"""module_utils._hami: decoding HAMi node annotations (reference/hami.md §1)."""
+"""module_utils._hami: decoding HAMi node annotations (Project-HAMi/HAMi pkg/device/devices.go)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Node register annotation and pod device strings: golden vectors (reference/hami.md §1.1, §2, §7)."""
+"""Node register annotation and pod device strings: golden vectors (Project-HAMi/HAMi
+pkg/device/devices.go and its devices_test.go)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Resource requests from pod dicts and the scheduler's pod annotations (reference/hami.md §3)."""
+"""Resource requests from pod dicts and the scheduler's pod annotations (Project-HAMi/HAMi
+pkg/device/nvidia/device.go)."""
 
 from __future__ import annotations
 

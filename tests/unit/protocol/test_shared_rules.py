@@ -1,4 +1,5 @@
-"""Protocol helpers shared with the scheduler (reference/hami.md §3.1-3.3): the pre-split matching rules,
+"""Protocol helpers shared with the scheduler (Project-HAMi/HAMi pkg/device/nvidia/device.go): the pre-split
+matching rules,
 resource lookups, static MIG requests, whole-number quantities, and the Go-exact weights parser."""
 
 from __future__ import annotations

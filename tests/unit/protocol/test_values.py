@@ -1,4 +1,5 @@
-"""Node lock, handshake, reasons, keys: golden vectors (reference/hami.md §1.2, §1.4, §4.3)."""
+"""Node lock, handshake, reasons, keys: golden vectors (Project-HAMi/HAMi pkg/device/devices.go,
+pkg/util/nodelock/nodelock.go, pkg/device/nvidia/device.go)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Node registration loop: device list rules (reference/hami.md §1.1, §6.7) and the loop's behaviour
+"""Node registration loop: device list rules (Project-HAMi/HAMi
+pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go) and the loop's behaviour
 against a fake API client (the HTTP version is in tests/integration/register)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import threading
 import pytest
 
 from hami_agent.config import build_config
-from hami_agent.deviceplugin.register import (
+from hami_agent.deviceplugin.node_register import (
     RESULT_ERROR,
     RESULT_PATCHED,
     RESULT_PAUSED,

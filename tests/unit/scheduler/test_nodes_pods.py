@@ -1,4 +1,5 @@
-"""Node register/handshake rules (reference §1.2) and pod usage from annotations (§4.2)."""
+"""Node register/handshake rules (HAMi pkg/device/devices.go CheckHealth) and pod usage from annotations
+(pkg/device/pods.go)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def test_terminated_and_unassigned_pods_have_no_usage():
 
 
 def test_v210_string_without_placeholders_counts_everything_as_app():
-    # HAMi v2.10 drops empty placeholders (reference §10): 1 entry for 2 containers
+    # HAMi v2.10 drops empty placeholders (since HAMi commit 9e75c87f, Project-HAMi/HAMi#1773): 1 entry for 2
+    # containers
     p = gpu_pod_with("GPU-a,NVIDIA,1024,20:;", init=1, apps=1)
     assert pod_usage(p).devices["GPU-a"] == DeviceAmount(slots=1, mem=1024, cores=20)

@@ -1,4 +1,4 @@
-"""The scheduler applies the protocol's HAMi rules, not its own copies (reference/hami.md §1.3, §3, §4).
+"""The scheduler applies the protocol's HAMi rules, not its own copies (Project-HAMi/HAMi pkg/device/nvidia/).
 
 One regression test per place where the scheduler's former private copy disagreed with the protocol
 (and with HAMi), plus equivalence checks that the scheduler's per-pod adapters (PodContext, the

@@ -1,4 +1,4 @@
-"""Mutating webhook (reference §3.2): AdmissionReview v1 in, JSONPatch out."""
+"""Mutating webhook (Project-HAMi/HAMi pkg/scheduler/webhook.go): AdmissionReview v1 in, JSONPatch out."""
 
 from __future__ import annotations
 

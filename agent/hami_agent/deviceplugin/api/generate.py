@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,17 +39,17 @@ def _postprocess_pb2(text: str) -> str:
     return _VERSION_STAMP.sub("", text)
 
 
-def _postprocess_grpc(text: str, stem: str) -> str:
-    text = text.replace(f"from hami_agent.deviceplugin.api import {stem}_pb2 as",
-                        f"from . import {stem}_pb2 as")
+def _postprocess_grpc(text: str, stem: str, package: str = PACKAGE) -> str:
+    text = text.replace(f"from {package} import {stem}_pb2 as", f"from . import {stem}_pb2 as")
     text = _GRPC_GUARD.sub("", text)
     # the guard is gone, so these imports are unused
     text = text.replace("import warnings\n", "")
     return text
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Compile the protos into ``out_dir``; return the written files."""
+def compile_protos(package: str, protos: Sequence[str], out_dir: Path) -> list[Path]:
+    """Compile ``protos`` (files in ``package``'s directory) into ``out_dir`` with the post-processing
+    above; return the written files. The DRA stubs (``hami_agent.dra.api.generate``) use it too."""
     from grpc_tools import protoc  # dev dependency, imported only here
 
     try:
@@ -57,11 +58,12 @@ def generate(out_dir: Path) -> list[Path]:
         include = str(files("grpc_tools") / "_proto")
     except Exception:  # pragma: no cover - very old grpc_tools
         include = ""
+    pkg_dir = package.replace(".", "/")
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for proto in PROTOS:
-            rel = f"hami_agent/deviceplugin/api/{proto}"
+        for proto in protos:
+            rel = f"{pkg_dir}/{proto}"
             argv = ["grpc_tools.protoc", f"-I{AGENT_ROOT}", f"--python_out={tmp}", f"--grpc_python_out={tmp}"]
             if include:
                 argv.append(f"-I{include}")
@@ -70,13 +72,18 @@ def generate(out_dir: Path) -> list[Path]:
             if rc != 0:
                 raise RuntimeError(f"protoc failed on {rel} (exit {rc})")
             stem = proto[: -len(".proto")]
-            gen = Path(tmp) / "hami_agent" / "deviceplugin" / "api"
+            gen = Path(tmp) / pkg_dir
             pb2 = gen / f"{stem}_pb2.py"
             grpc_file = gen / f"{stem}_pb2_grpc.py"
             (out_dir / pb2.name).write_text(_postprocess_pb2(pb2.read_text()))
-            (out_dir / grpc_file.name).write_text(_postprocess_grpc(grpc_file.read_text(), stem))
+            (out_dir / grpc_file.name).write_text(_postprocess_grpc(grpc_file.read_text(), stem, package))
             written += [out_dir / pb2.name, out_dir / grpc_file.name]
     return written
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Compile this package's protos into ``out_dir``; return the written files."""
+    return compile_protos(PACKAGE, PROTOS, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ binding failures, "FilteringSucceed but still Pending", and the node lock."""
 from hami_agent.doctor.engine import Rule, Tree
 from hami_agent.doctor.model import CRITICAL, ERROR, INFO, WARNING
 
-# HAMi reason -> (code, severity, meaning, fix). One rule per row (seed 001 速查表 + reference §4.3).
+# HAMi reason -> (code, severity, meaning, fix). One rule per row (seed 001 速查表 + Project-HAMi/HAMi
+# pkg/device/nvidia/device.go Fit, pkg/scheduler/score.go).
 REASONS: tuple[tuple[str, str, str, str, str], ...] = (
     ("CardInsufficientMemory", "CARD_INSUFFICIENT_MEMORY", ERROR,
      "no GPU has enough free memory for the request (nvidia.com/gpumem)",

@@ -1,7 +1,8 @@
 """Register a served resource with the kubelet (``kubelet.sock``), with timeouts and backoff.
 
 The plugin must already be serving: the kubelet's Register handler dials back and calls
-GetDevicePluginOptions before it answers (reference/kubelet-nvidia.md §1.4).
+GetDevicePluginOptions before it answers (kubernetes
+``pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go``).
 """
 
 from __future__ import annotations

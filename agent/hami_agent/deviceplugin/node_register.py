@@ -1,7 +1,8 @@
 """Node registration loop: publishes this node's GPUs in ``hami.io/node-nvidia-register``.
 
-HAMi's ``WatchAndRegister`` (reference/hami.md §1.1): every 30 s (5 s after an error) build the device
-list from the NVML inventory and the config, and patch the node annotation only when the encoded JSON
+HAMi's ``WatchAndRegister`` (Project-HAMi/HAMi
+``pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go``): every 30 s (5 s after an error) build the
+device list from the NVML inventory and the config, and patch the node annotation only when the encoded JSON
 differs from what the node carries. Paused while a MIG reconfiguration holds the MIG apply lock file.
 
 Log lines are HAMi's (seed 000 §1.2, §7), so the seeds' grep recipes work unchanged:
