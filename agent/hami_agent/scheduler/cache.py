@@ -10,6 +10,11 @@ Why lazy: a shape seen for the first time (or evicted from the memo) has every n
 only the best node, so nodes are fitted best-first (the policy's order of node scores) until one fits;
 the rest stay dirty. Only a pod that fits nowhere needs every node's reason. The FilteringSucceed event's
 counts (how many nodes fit) are completed off the request path (``complete``).
+
+Why screened: the walk and the counts decide most nodes with ``prefit`` (microseconds) instead of the fit
+(a tenth of a millisecond or more). A node the pre-check refuses is remembered as ``PRUNED`` (its reason
+is computed only if the pod fits nowhere); for shapes where the pre-check is exact, a node it accepts is
+remembered as ``FITS_UNPICKED`` (its devices are picked only when it is chosen).
 """
 
 from __future__ import annotations
@@ -19,19 +24,19 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hami_agent import log
 from hami_agent.protocol import keys
 from hami_agent.protocol import reasons as R
-from hami_agent.protocol.annotations import mode_allowed, type_allowed, uuid_allowed
 from hami_agent.protocol.devices import MigPlacement
 from hami_agent.protocol.reasons import gen_reason
 from hami_agent.scheduler.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, fit_node, node_score
-from hami_agent.scheduler.model import NVIDIA, DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
+from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
+from hami_agent.scheduler.prefit import CapacityIndex, NodeSummary, may_fit, screen_is_exact, summarize
 
 logger = logging.getLogger(__name__)
-_NVIDIA_LOWER = NVIDIA.lower()  # fit_container keeps devices whose type contains it, any case
 
 MEMO_SHAPES = 64  # distinct request shapes remembered (LRU)
 EAGER_DIRTY = 64  # up to this many dirty candidates are all re-fitted at once; beyond, best-first
@@ -47,9 +52,15 @@ class NodeState:
     mig_used: dict[str, int] = field(default_factory=dict)
     score: float = 0.0
     by_id: dict[str, DeviceUsage] = field(default_factory=dict)
+    summary: NodeSummary | None = None  # prefit's, computed on demand; None again after every change
 
     def __post_init__(self) -> None:
         self.by_id = {d.id: d for d in self.devices}
+
+
+# Screened results in a memo (identity matters): not fitted, decided by prefit.
+PRUNED = NodeFit(False, [], "pruned by the pre-check (no device can take the request)")
+FITS_UNPICKED = NodeFit(True, [], "fits (exact pre-check); devices picked when chosen")
 
 
 @dataclass
@@ -120,6 +131,7 @@ class UsageCache:
         self._order: list[tuple[float, str]] = []  # every node's rank key, ascending (the lazy walk)
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
+        self._capacity = CapacityIndex()
 
     # ------------------------------------------------------------------------------------ nodes
     def set_node(self, name: str, devices: list[DeviceUsage], extras: NodeExtras | None = None,
@@ -144,6 +156,7 @@ class UsageCache:
             if self.nodes.pop(name, None) is None:
                 return False
             self._drop_rank(name)
+            self._capacity.update(name, None)
             for m in self._memo.values():
                 m.drop(name)
                 m.fits.pop(name, None)
@@ -152,6 +165,8 @@ class UsageCache:
 
     def _touch(self, st: NodeState) -> None:
         st.score = node_score(st.devices)
+        st.summary = summarize(st.devices)
+        self._capacity.update(st.name, st.summary)
         key = (st.score, st.name)
         if self._rank.get(st.name) != key:
             self._drop_rank(st.name)
@@ -399,17 +414,20 @@ class UsageCache:
                         self._memo.popitem(last=False)
                 else:
                     self._memo.move_to_end(key)
+                exact = screen_is_exact(preq, ctx)
                 todo = m.dirty & names_set  # dirty only ever holds known nodes
                 if len(todo) <= EAGER_DIRTY:
-                    self._fit_into(m, todo, preq, ctx)
-                    walk = m.order if spread else reversed(m.order)
-                    best = next((k[1] for k in walk if k[1] in names_set), None)
-                else:
-                    best = self._walk(m, names_set, spread, preq, ctx)
-                    if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
-                        self._fit_into(m, m.dirty & names_set, preq, ctx)
-                    elif event_nodes or log.enabled(logger, 2):
+                    self._fit_into(m, todo, preq, ctx, exact)
+                    best = self._best_fitted(m, names_set, spread, preq, ctx)
+                    if best is not None and (event_nodes or log.enabled(logger, 2)):
                         pending = (m, names_set, spread, event_nodes, preq, ctx)
+                else:
+                    best = self._walk(m, names_set, spread, preq, ctx, exact)
+                    if best is not None and (event_nodes or log.enabled(logger, 2)):
+                        pending = (m, names_set, spread, event_nodes, preq, ctx)
+                if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
+                    self._fit_into(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
+                                   preq, ctx, exact, screen=False)
                 fits = m.fits
                 ok_of = m.ok
             else:  # namespace quota changes with every pod of the namespace: no memo
@@ -430,38 +448,102 @@ class UsageCache:
                 return Decision(None, None, failed)
             dec = Decision(best, fits[best], {})
             if pending is not None:
-                dec.pending = (*pending, best)
+                if not m.dirty & names_set:  # every candidate is decided: count now (cheap)
+                    self._count_fits(dec, m, names_set, spread, event_nodes, best)
+                else:
+                    dec.pending = (*pending, best)
             elif event_nodes or log.enabled(logger, 2):
-                self._count_fits(dec, ok_of & names_set, spread, event_nodes)
+                self._count_quota_fits(dec, ok_of & names_set, spread, event_nodes)
             return dec
 
-    def _fit_into(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext) -> None:
+    def _screen(self, st: NodeState, preq: PodRequest, ctx: PodContext, exact: bool) -> NodeFit:
+        if not may_fit(st, preq, ctx):
+            return PRUNED
+        if exact and st.summary is not None and not st.summary.has_mig:  # may_fit computed the summary
+            return FITS_UNPICKED
+        self.lazy_fits += 1
+        return self.evaluate(st, preq, ctx, None)
+
+    def _fit_into(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext, exact: bool,
+                  screen: bool = True) -> None:
+        """Decide ``todo`` in the memo: screened, or (``screen=False``: reasons wanted) fitted."""
         for n in todo:
-            m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), self._rank[n])
+            st = self.nodes[n]
+            m.put(n, self._screen(st, preq, ctx, exact) if screen else self.evaluate(st, preq, ctx, None),
+                  self._rank[n])
         m.dirty -= todo
 
-    def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext) -> str | None:
-        """Best-first over every node's rank: fit dirty candidates until one fits (it is the best)."""
-        order = self._order if spread else reversed(self._order)
-        dirty, fits = m.dirty, m.fits
-        nodes = self.nodes
+    def _picked(self, m: _Memo, n: str, preq: PodRequest, ctx: PodContext) -> bool:
+        """Make sure the memo holds the fit (devices picked) of node ``n``, which fits; False (and the
+        memo corrected) when the full fit disagrees with the pre-check — a bug, logged."""
+        if m.fits.get(n) is not FITS_UNPICKED:
+            return True
+        self.lazy_fits += 1
+        r = self.evaluate(self.nodes[n], preq, ctx, None)
+        m.put(n, r, self._rank[n])
+        if not r.ok:
+            logger.error("pre-check said node %s fits %s but the fit refused it (%s): please report",
+                         n, preq, r.reason)
+        return r.ok
+
+    def _best_fitted(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest,
+                     ctx: PodContext) -> str | None:
+        """The best node among the fitting ones in the memo (every candidate decided)."""
+        while True:
+            walk = m.order if spread else reversed(m.order)
+            best = next((k[1] for k in walk if k[1] in names), None)
+            if best is None or self._picked(m, best, preq, ctx):
+                return best
+
+    def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext,
+              exact: bool) -> str | None:
+        """Best-first over the candidates' rank: decide dirty candidates until one fits (it is the best).
+        Candidates: the names the capacity index admits; when they are few, they are sorted by rank
+        instead of walking every node's rank."""
+        cand = self._capacity.candidates(preq)
+        if cand is not None:
+            names = names & cand
+        if len(names) * 8 < len(self._order):
+            order: Iterable[tuple[float, str]] = sorted(
+                (self._rank[n] for n in names if n in self._rank), reverse=not spread)
+        else:
+            order = self._order if spread else reversed(self._order)
+        dirty, fits, nodes = m.dirty, m.fits, self.nodes
         for key in order:
             n = key[1]
             if n not in names:
                 continue
             if n in dirty:
-                st = nodes[n]
-                if not may_fit(st, preq, ctx):
-                    continue  # stays dirty: fitted (for its reason) only if no node fits at all
-                m.put(n, self.evaluate(st, preq, ctx, None), key)
+                m.put(n, self._screen(nodes[n], preq, ctx, exact), key)
                 dirty.discard(n)
-                self.lazy_fits += 1
             r = fits.get(n)
-            if r is not None and r.ok:
+            if r is not None and r.ok and self._picked(m, n, preq, ctx):
                 return n
         return None
 
-    def _count_fits(self, dec: Decision, ok: set[str], spread: bool, event_nodes: int) -> None:
+    def _count_fits(self, dec: Decision, m: _Memo, names: set[str], spread: bool, event_nodes: int,
+                    best: str) -> None:
+        """Counts for the event from a memo whose candidates are all decided: the chosen node counts as
+        fitting (it did, before its own reservation). The top ``event_nodes`` come from the memo's sorted
+        order (no sort of every fitting node)."""
+        ok = m.ok & names
+        if best in self.nodes:
+            ok.add(best)
+        dec.n_fit = len(ok)
+        top: list[str] = []
+        if event_nodes:
+            for k in (m.order if spread else reversed(m.order)):
+                if k[1] in names and k[1] != best:
+                    top.append(k[1])
+                    if len(top) >= event_nodes:
+                        break
+            if best in self.nodes:
+                top.append(best)
+        top.sort(key=self._rank.__getitem__, reverse=not spread)
+        dec.fit_nodes = top[:event_nodes]
+        dec.scores = {n: self.nodes[n].score for n in dec.fit_nodes}
+
+    def _count_quota_fits(self, dec: Decision, ok: set[str], spread: bool, event_nodes: int) -> None:
         dec.n_fit = len(ok)
         order = sorted(ok, key=self._rank.__getitem__, reverse=not spread)
         dec.fit_nodes = order[:event_nodes]
@@ -475,14 +557,14 @@ class UsageCache:
         if dec.pending is None:
             return dec
         m, names, spread, event_nodes, preq, ctx, best = dec.pending
+        exact = screen_is_exact(preq, ctx)
         while True:
             with self.lock:
                 todo = m.dirty & names & self.nodes.keys()
                 chunk = set(list(todo)[:COMPLETE_CHUNK])
-                self._fit_into(m, chunk, preq, ctx)
+                self._fit_into(m, chunk, preq, ctx, exact)
                 if len(chunk) == len(todo):
-                    ok = (m.ok & names) | ({best} if best in self.nodes else set())
-                    self._count_fits(dec, ok, spread, event_nodes)
+                    self._count_fits(dec, m, names & self.nodes.keys(), spread, event_nodes, best)
                     dec.pending = None
                     return dec
 
@@ -529,52 +611,6 @@ def mig_reservations(containers: list[list[Picked]]) -> dict[str, tuple[MigPlace
             if p.mig_placement is not None:
                 out[p.uuid] = (*out.get(p.uuid, ()), p.mig_placement)
     return out
-
-
-def may_fit(st: NodeState, preq: PodRequest, ctx: PodContext) -> bool:
-    """A cheap necessary condition of :meth:`UsageCache.evaluate` (False only when the pod cannot fit),
-    for the best-first walk. Fitting a node costs ~0.1 ms, this a few µs: a walk past hundreds of full
-    nodes stays cheap. Each container needs ``nums`` devices that pass, on the node as it is, every
-    per-device test of ``fit_devices`` that does not depend on the other picks (health, cordon, type,
-    mode, UUID lists, a free slot, memory, cores, exclusivity, mutex); under NUMA binding all on one NUMA
-    node. Everything ``fit_node`` adds only removes candidates: other containers take capacity away, the
-    MIG placement check and the topology choice refuse more. A GPU in MIG mode is examined again for
-    each instance of a container (HAMi's ``Fit``), so it alone may satisfy ``nums``."""
-    for profile, n in preq.mig:
-        if st.mig_capacity.get(profile, 0) - st.mig_used.get(profile, 0) < n:
-            return False
-    typed = bool(ctx.use_types or ctx.nouse_types) or ctx.vgpu_mode is not None
-    by_uuid = bool(ctx.use_uuids or ctx.nouse_uuids)
-    mutex = "mutex" in ctx.gpu_policy
-    cordoned = st.extras.cordoned
-    for c in preq.containers:
-        if c is None or c.nums <= 0:
-            continue
-        if c.type != NVIDIA:
-            return False  # fit_devices matches no device to another vendor's request
-        cores = min(c.coresreq, 100)
-        per_numa: dict[int, int] = {}
-        for d in st.devices:
-            if not d.healthy or d.count <= d.used or (mutex and d.used > 0) or d.id in cordoned:
-                continue
-            if _NVIDIA_LOWER not in d.type.lower():
-                continue
-            if typed and not (type_allowed(d.type, ctx.use_types, ctx.nouse_types)
-                              and mode_allowed(ctx.vgpu_mode, d.mode)):
-                continue
-            if by_uuid and not uuid_allowed(d.id, ctx.use_uuids, ctx.nouse_uuids):
-                continue
-            if d.totalmem - d.usedmem < c.memory_for(d.totalmem) or d.totalcore - d.usedcores < cores:
-                continue
-            if d.totalcore == 100 and cores == 100 and d.used > 0:
-                continue
-            if d.totalcore != 0 and d.usedcores == d.totalcore and cores == 0:
-                continue
-            per_numa[d.numa] = per_numa.get(d.numa, 0) + (c.nums if d.mode == keys.MODE_MIG else 1)
-        enough = max(per_numa.values(), default=0) if ctx.numa_bind else sum(per_numa.values())
-        if enough < c.nums:
-            return False
-    return True
 
 
 def collapse(containers: list[list[Picked]], n_init: int) -> dict[str, DeviceAmount]:

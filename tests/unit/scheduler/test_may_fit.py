@@ -1,7 +1,9 @@
 """``may_fit`` (the best-first walk's pre-check) is a necessary condition of the exact fit: whenever
-``UsageCache.evaluate`` says a pod fits a node, ``may_fit`` says it may. Checked on random nodes (shared
-and dynamic-MIG GPUs, NUMA, health, cordons, static MIG resources, usage) and random requests (1-8 GPUs,
-MiB and percent memory, cores, exclusive, init containers, types, modes, UUID lists, policies)."""
+``UsageCache.evaluate`` says a pod fits a node, ``may_fit`` says it may; and for the shapes
+``screen_is_exact`` names, on nodes without MIG-mode GPUs, it is the exact answer; the capacity index
+admits every node a pod fits. Checked on random nodes (shared and dynamic-MIG GPUs, NUMA, health, cordons,
+static MIG resources, usage) and random requests (1-8 GPUs, MiB and percent memory, cores, exclusive, init
+containers, types, modes, UUID lists, policies)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hami_agent.protocol import MigPlacement
-from hami_agent.scheduler.cache import NodeState, UsageCache, may_fit
+from hami_agent.scheduler.cache import NodeState, UsageCache
 from hami_agent.scheduler.fit import NodeExtras, PodContext
 from hami_agent.scheduler.model import NVIDIA, ContainerDeviceRequest, DeviceUsage, PodRequest
+from hami_agent.scheduler.prefit import may_fit, screen_is_exact
 from tests.unit.scheduler.helpers import a100_mig_profiles, dev, preq, req
 
 pytestmark = pytest.mark.unit
@@ -25,7 +28,7 @@ TYPES = ("NVIDIA-A100", "NVIDIA-H100", "NVIDIA A100-SXM4-80GB", "Tesla-T4")
 @st.composite
 def devices(draw) -> list[DeviceUsage]:
     out = []
-    for i in range(draw(st.integers(1, 8))):
+    for i in range(draw(st.sampled_from((1, 1, 2, 3, 4, 8)))):
         if draw(st.integers(0, 4)) == 0:  # a dynamic-MIG GPU with some placements taken
             d = dev(i, mem=81920, count=7, mode="mig", type_="NVIDIA A100-SXM4-80GB",
                     numa=draw(st.integers(0, 1)))
@@ -38,11 +41,12 @@ def devices(draw) -> list[DeviceUsage]:
         else:
             mem = draw(st.sampled_from((16384, 40960, 81920)))
             count = draw(st.integers(1, 10))
-            d = dev(i, mem=mem, count=count, numa=draw(st.integers(0, 1)), type_=draw(st.sampled_from(TYPES)),
-                    mode=draw(st.sampled_from(("hami-core", "mps"))))
+            total = draw(st.sampled_from((100, 100, 100, 50, 200)))
+            d = dev(i, mem=mem, count=count, cores=total, numa=draw(st.integers(0, 1)),
+                    type_=draw(st.sampled_from(TYPES)), mode=draw(st.sampled_from(("hami-core", "mps"))))
             d.used = draw(st.integers(0, count))
-            d.usedmem = draw(st.integers(0, mem)) if d.used else 0
-            d.usedcores = draw(st.sampled_from((0, 10, 50, 100))) if d.used else 0
+            d.usedmem = draw(st.sampled_from((0, mem // 2, mem - 1000, mem))) if d.used else 0
+            d.usedcores = draw(st.sampled_from((0, 10, 50, total))) if d.used else 0
         d.health = draw(st.integers(0, 9)) > 0
         d.mig_faults = int(draw(st.integers(0, 19)) == 0)
         out.append(d)
@@ -94,8 +98,11 @@ def test_may_fit_is_necessary_for_the_exact_fit(data) -> None:
     used = {k: data.draw(st.integers(0, v)) for k, v in capacity.items()}
     node = NodeState("n", devs, NodeExtras(cordoned=cordoned), capacity, used)
     exact = UsageCache().evaluate(node, pr, ctx, None)
+    screened = may_fit(node, pr, ctx)
     if exact.ok:
-        assert may_fit(node, pr, ctx), (pr, ctx, exact)
+        assert screened, (pr, ctx, exact)
+    if screen_is_exact(pr, ctx) and not any(d.mode == "mig" for d in devs):
+        assert screened == exact.ok, (pr, ctx, exact)  # the pre-check decides these shapes alone
 
 
 def test_may_fit_prunes_full_and_unsuitable_nodes() -> None:
@@ -112,6 +119,11 @@ def test_may_fit_prunes_full_and_unsuitable_nodes() -> None:
     assert not may_fit(split, preq(req(2)), PodContext(numa_bind=True))
     assert may_fit(split, preq(req(2)), PodContext())
     assert not may_fit(small, preq(req(1)), PodContext(use_types=("H100",)))
+    exhausted = NodeState("busy", [dev(0, used=1, usedcores=100, usedmem=1000)])
+    assert not may_fit(exhausted, preq(req(1, mem=1000)), PodContext())  # compute units exhausted
+    big = NodeState("big", [dev(0, cores=200, used=1, usedcores=50)])  # exclusivity binds 100-core GPUs only
+    assert may_fit(big, preq(req(1, cores=100)), PodContext())
+    assert UsageCache().evaluate(big, preq(req(1, cores=100)), PodContext(), None).ok
     # one MIG GPU serves several instances of a container: not refused for having one device
     assert may_fit(one_mig, preq(req(3, mem=9000)), PodContext())
     assert UsageCache().evaluate(one_mig, preq(req(3, mem=9000)), PodContext(), None).ok
@@ -133,3 +145,21 @@ def test_walk_skips_nodes_refused_by_may_fit_and_still_picks_the_best() -> None:
     dec = cache.decide(names, shape, ctx)
     assert dec.node == want
     assert cache.lazy_fits <= 4  # only nodes with room were fitted
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_capacity_index_admits_every_node_that_fits(data) -> None:
+    cache = UsageCache()
+    for i in range(data.draw(st.integers(1, 5))):
+        devs = data.draw(devices())
+        for d in devs:
+            d.id = f"n{i}-{d.id}"
+        cache.set_node(f"n{i}", devs)
+    pr = data.draw(requests())
+    ctx = data.draw(st.sampled_from((PodContext(), PodContext(numa_bind=True),
+                                     PodContext(gpu_policy=("mutex",)),
+                                     PodContext(gpu_policy=("topology-aware",)))))
+    cand = cache._capacity.candidates(pr)  # noqa: SLF001 - the index under test
+    fitting = {n for n, node in cache.nodes.items() if cache.evaluate(node, pr, ctx, None).ok}
+    assert cand is None or fitting <= cand, (pr, fitting - cand)
