@@ -23,6 +23,7 @@ import bisect
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 MEMO_SHAPES = 64  # distinct request shapes remembered (LRU)
 EAGER_DIRTY = 64  # up to this many dirty candidates are all re-fitted at once; beyond, best-first
-COMPLETE_CHUNK = 256  # nodes fitted per lock hold when completing a memo off the request path
+COMPLETE_SLICE_S = 0.002  # longest lock hold when completing a memo's counts off the request path
 
 
 @dataclass
@@ -415,16 +416,16 @@ class UsageCache:
                 else:
                     self._memo.move_to_end(key)
                 exact = screen_is_exact(preq, ctx)
-                todo = m.dirty & names_set  # dirty only ever holds known nodes
+                todo = m.dirty & names_set if len(m.dirty) <= EAGER_DIRTY else m.dirty  # known nodes only
                 if len(todo) <= EAGER_DIRTY:
                     self._fit_into(m, todo, preq, ctx, exact)
                     best = self._best_fitted(m, names_set, spread, preq, ctx)
                     if best is not None and (event_nodes or log.enabled(logger, 2)):
-                        pending = (m, names_set, spread, event_nodes, preq, ctx)
+                        pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 else:
                     best = self._walk(m, names_set, spread, preq, ctx, exact)
                     if best is not None and (event_nodes or log.enabled(logger, 2)):
-                        pending = (m, names_set, spread, event_nodes, preq, ctx)
+                        pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
                     self._fit_into(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
                                    preq, ctx, exact, screen=False)
@@ -448,13 +449,18 @@ class UsageCache:
                 return Decision(None, None, failed)
             dec = Decision(best, fits[best], {})
             if pending is not None:
-                if not m.dirty & names_set:  # every candidate is decided: count now (cheap)
+                if m.dirty.isdisjoint(names_set):  # every candidate is decided: count now (cheap)
                     self._count_fits(dec, m, names_set, spread, event_nodes, best)
                 else:
                     dec.pending = (*pending, best)
             elif event_nodes or log.enabled(logger, 2):
                 self._count_quota_fits(dec, ok_of & names_set, spread, event_nodes)
             return dec
+
+    def _names_ref(self, names: set[str]) -> set[str] | None:
+        """What a pending count keeps of the request's node names: None when they cover every known node
+        (kube-scheduler sends them all), so a queued event does not hold a set of thousands of names."""
+        return None if len(names) >= len(self.nodes) and self.nodes.keys() <= names else names
 
     def _screen(self, st: NodeState, preq: PodRequest, ctx: PodContext, exact: bool) -> NodeFit:
         if not may_fit(st, preq, ctx):
@@ -551,22 +557,37 @@ class UsageCache:
 
     def complete(self, dec: Decision) -> Decision:
         """Fill in ``n_fit``/``fit_nodes``/``scores`` of a decision the lazy walk left open: the remaining
-        candidates are fitted in chunks, the lock released between them, so concurrent /filter calls wait
-        at most one chunk. Counted now, shortly after the decision: the chosen node counts as fitting (it
-        did, before its own reservation), the others as they are now."""
+        candidates are decided in slices of at most ``COMPLETE_SLICE_S``, the lock released (and as long
+        again slept) between them, so concurrent /filter calls wait at most one slice. Counted now,
+        shortly after the decision: the chosen node counts as fitting (it did, before its own
+        reservation), the others as they are now."""
         if dec.pending is None:
             return dec
-        m, names, spread, event_nodes, preq, ctx, best = dec.pending
+        # The decision holds its memo weakly (a queued event must not keep an evicted memo alive): if it is
+        # gone, the shape's live memo is as good (memos agree once their dirty nodes are decided), else a
+        # scratch one.
+        memo_ref, names_ref, spread, event_nodes, preq, ctx, best = dec.pending
         exact = screen_is_exact(preq, ctx)
+        with self.lock:
+            m = memo_ref() or self._memo.get((preq, ctx)) or _Memo(dirty=set(self.nodes))
         while True:
             with self.lock:
+                names = self.nodes.keys() if names_ref is None else names_ref
                 todo = m.dirty & names & self.nodes.keys()
-                chunk = set(list(todo)[:COMPLETE_CHUNK])
-                self._fit_into(m, chunk, preq, ctx, exact)
-                if len(chunk) == len(todo):
-                    self._count_fits(dec, m, names & self.nodes.keys(), spread, event_nodes, best)
+                t0 = time.perf_counter()
+                done: set[str] = set()
+                for n in todo:  # a slice of at most COMPLETE_SLICE_S under the lock
+                    done.add(n)
+                    m.put(n, self._screen(self.nodes[n], preq, ctx, exact), self._rank[n])
+                    if time.perf_counter() - t0 > COMPLETE_SLICE_S:
+                        break
+                m.dirty -= done
+                held = time.perf_counter() - t0
+                if len(done) == len(todo):
+                    self._count_fits(dec, m, set(names & self.nodes.keys()), spread, event_nodes, best)
                     dec.pending = None
                     return dec
+            time.sleep(held)  # at most half of a core, and /filter gets the lock (Python's is not fair)
 
     def simulate(self, given: list[tuple[str, list[DeviceUsage] | None, NodeExtras, dict[str, int]]],
                  preq: PodRequest, ctx: PodContext, quota: QuotaBudget | None = None) -> Decision:

@@ -178,8 +178,9 @@ class CapacityIndex:
             return 0
         return min(self._min_total * pct // 100, self._max_total * pct // 100)
 
-    def candidates(self, preq: PodRequest) -> set[str] | None:
-        """A superset of the nodes ``preq`` can fit (None: no bound, every node)."""
+    def candidates(self, preq: PodRequest, min_gain: int = 8) -> set[str] | None:
+        """A superset of the nodes ``preq`` can fit; None (every node may) when it would keep more than
+        1/``min_gain`` of them: the walk's early stop is then cheaper than building the set."""
         best: tuple[int, list[tuple[int, str]], int] | None = None
         for c in preq.containers:
             if c is None or c.nums <= 0:
@@ -190,7 +191,7 @@ class CapacityIndex:
                 i = bisect.bisect_left(lst, (need, ""))
                 if best is None or len(lst) - i < best[0]:
                     best = (len(lst) - i, lst, i)
-        if best is None:
+        if best is None or best[0] * min_gain > len(self._keys):
             return None
         _size, lst, i = best
         out = {n for _v, n in lst[i:]}
