@@ -41,7 +41,9 @@ logger = logging.getLogger(__name__)
 
 MEMO_SHAPES = 64  # distinct request shapes remembered (LRU)
 EAGER_DIRTY = 64  # up to this many dirty candidates are all re-fitted at once; beyond, best-first
-COMPLETE_SLICE_S = 0.002  # longest lock hold when completing a memo's counts off the request path
+COMPLETE_SLICE_S = 0.001  # longest lock hold when completing a memo's counts off the request path
+COMPLETE_QUIET_S = 0.003  # ... started only this long after the last /filter decision (or after QUIET_MAX_S)
+COMPLETE_QUIET_MAX_S = 0.05
 
 
 @dataclass
@@ -133,6 +135,7 @@ class UsageCache:
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
         self._capacity = CapacityIndex()
+        self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
 
     # ------------------------------------------------------------------------------------ nodes
     def set_node(self, name: str, devices: list[DeviceUsage], extras: NodeExtras | None = None,
@@ -398,6 +401,7 @@ class UsageCache:
                quota: QuotaBudget | None = None, event_nodes: int = 50, pod_name: str = "") -> Decision:
         """Pick the node for a pod among ``names`` (reference §4.3 steps 2-4). Call under ``lock``
         together with :meth:`reserve` to make decide+reserve atomic."""
+        self._last_decide = time.monotonic()
         with self.lock:
             try:
                 names_set = set(names)
@@ -571,6 +575,12 @@ class UsageCache:
         with self.lock:
             m = memo_ref() or self._memo.get((preq, ctx)) or _Memo(dirty=set(self.nodes))
         while True:
+            # Off the request path in earnest: a slice competes with /filter for the lock and for the GIL
+            # (a thread waiting for it can lose milliseconds per hand-off), so wait for a quiet moment.
+            waited = 0.0
+            while waited < COMPLETE_QUIET_MAX_S and time.monotonic() - self._last_decide < COMPLETE_QUIET_S:
+                time.sleep(COMPLETE_QUIET_S)
+                waited += COMPLETE_QUIET_S
             with self.lock:
                 names = self.nodes.keys() if names_ref is None else names_ref
                 todo = m.dirty & names & self.nodes.keys()
