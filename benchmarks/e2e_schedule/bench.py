@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from benchmarks.e2e_schedule.cluster import SimCluster
+from tests.sim import kube_scheduler as ks
 
 SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table
 
@@ -36,16 +37,42 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+class _VerbTimes:
+    """Times kube-scheduler's extender calls by verb (the simulator runs in this process)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self._real = ks.ExtenderClient.post
+
+    def __enter__(self) -> _VerbTimes:
+        real, times = self._real, self.times
+
+        def post(client: Any, verb: str, body: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return real(client, verb, body)
+            finally:
+                times.setdefault(verb, []).append(time.monotonic() - t0)
+
+        ks.ExtenderClient.post = post  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ks.ExtenderClient.post = self._real  # type: ignore[method-assign]
+
+
 def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float) -> dict[str, Any]:
     cluster = SimCluster(n_nodes, extender=extender, hosts=hosts)
+    verbs = _VerbTimes()
     try:
         t_setup = time.monotonic()
         cluster.start()
         setup_s = time.monotonic() - t_setup
-        t0 = time.monotonic()
-        keys_ = cluster.create_pods("job", n_pods)
-        created_s = time.monotonic() - t0
-        ok = cluster.wait_running(keys_, timeout_s)
+        with verbs:
+            t0 = time.monotonic()
+            keys_ = cluster.create_pods("job", n_pods)
+            created_s = time.monotonic() - t0
+            ok = cluster.wait_running(keys_, timeout_s)
         with cluster._lock:  # noqa: SLF001 - the observer's record
             done = [cluster.running_at[k] for k in keys_ if k in cluster.running_at]
         last = max(done) if done else time.monotonic()
@@ -58,7 +85,10 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
                 "pods_per_s": len(done) / wall if wall > 0 else 0.0, "setup_s": setup_s,
                 "lock_holds": len(holds), "lock_p50_ms": pct(holds, 0.5) * 1e3,
                 "lock_p99_ms": pct(holds, 0.99) * 1e3,
-                "filter_calls": sim.filter_calls if sim else 0, "refusals": len(sim.failures) if sim else 0}
+                "filter_calls": sim.filter_calls if sim else 0, "refusals": len(sim.failures) if sim else 0,
+                "filter_p50_ms": pct(verbs.times.get("filter", []), 0.5) * 1e3,
+                "bind_p50_ms": pct(verbs.times.get("bind", []), 0.5) * 1e3,
+                "refusal_sample": sorted({m[:160] for _k, m in (sim.failures if sim else [])})[:3]}
     finally:
         cluster.stop()
 
@@ -100,13 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     print("end-to-end scheduling, SIMULATED cluster: kube-scheduler sim + extender process + kubelet sims + "
           "real device plugins (Allocate)")
     print(f"{'case':<7} {'extender':>8} {'nodes':>5} {'pods':>5} {'Running':>7} {'failed':>6} {'wall s':>7} "
-          f"{'pods/s':>7} {'/filter':>7} {'refused':>7} {'locks':>5} {'hold p50':>8} {'hold p99':>8}")
+          f"{'pods/s':>7} {'/filter':>7} {'refused':>7} {'locks':>5} {'hold p50':>8} {'hold p99':>8} "
+          f"{'filter p50':>10} {'bind p50':>8}")
     for case, runs in (("job40", job), ("fleet", fleet)):
         for k in ("on", "off"):
             r = runs[k]
             print(f"{case:<7} {k:>8} {r['nodes']:>5} {r['pods']:>5} {r['running']:>7} {r['failed']:>6} "
                   f"{r['wall_s']:>7.2f} {r['pods_per_s']:>7.1f} {r['filter_calls']:>7} {r['refusals']:>7} "
-                  f"{r['lock_holds']:>5} {r['lock_p50_ms']:>6.0f}ms {r['lock_p99_ms']:>6.0f}ms")
+                  f"{r['lock_holds']:>5} {r['lock_p50_ms']:>6.0f}ms {r['lock_p99_ms']:>6.0f}ms "
+                  f"{r['filter_p50_ms']:>8.1f}ms {r['bind_p50_ms']:>6.1f}ms")
+            for m in r["refusal_sample"]:
+                print(f"          refused: {m}")
     for name, value, goal, ok in SUMMARY:
         print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
     return 0
