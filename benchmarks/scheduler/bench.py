@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"scheduler extender /filter, realistic trace: {results[0]['shapes']} distinct shapes in {n} "
         "requests (Zipf popularity), SIMULATED fleet (A100, H100 and MIG nodes, 0-12 running pods each) in "
-        "the usage cache, real HTTP handler, events built (counts completed on the event thread)"
+        "the usage cache, real HTTP handler, production event sink (messages built, not posted)"
     )
     hdr = (
         f"{'nodes':>6} {'GPUs':>6} {'cold':>5} {'p50 ms':>7} {'p99 ms':>7} {'warm p50':>8} {'warm p99':>8} "
