@@ -87,7 +87,7 @@ def contexts(draw, devs: list[DeviceUsage]) -> PodContext:
                                          ("numa",), ("binpack", "numa")))))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_may_fit_is_necessary_for_the_exact_fit(data) -> None:
     devs = data.draw(devices())
@@ -147,7 +147,7 @@ def test_walk_skips_nodes_refused_by_may_fit_and_still_picks_the_best() -> None:
     assert cache.lazy_fits <= 4  # only nodes with room were fitted
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_capacity_index_admits_every_node_that_fits(data) -> None:
     cache = UsageCache()
