@@ -8,7 +8,9 @@ Two cases, each run with the extender and again with it switched off (kube-sched
 * ``job40``: a 40-pod job (1 GPU, 4 GiB, 10 cores each) created at once onto one node with 8 GPUs split 10:
   time from the first create to the last pod ``Running``; goal <= 10 s.
 * ``fleet``: 1,000 such pods over 100 nodes (node hosts in processes of their own): pods/s from the first
-  create to the last ``Running``; goal >= 50 % of the extender-off run.
+  create to the last ``Running``; goal >= 50 % of the extender-off run. Run a third time with the
+  extender's node policy ``spread`` (the default ``binpack`` sends consecutive pods to the same node,
+  whose node lock then serializes their bindings).
 
 The node-lock hold time is measured from the lock's appearance on the Node (the extender's /bind) to its
 removal (the device plugin's Allocate released it), as seen by a watch on the nodes; the extender-off run
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 from benchmarks.e2e_schedule.cluster import SimCluster
+from hami_agent.scheduler.extender import SchedulerConfig
 from tests.sim import kube_scheduler as ks
 
 SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table
@@ -61,8 +64,10 @@ class _VerbTimes:
         ks.ExtenderClient.post = self._real  # type: ignore[method-assign]
 
 
-def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float) -> dict[str, Any]:
-    cluster = SimCluster(n_nodes, extender=extender, hosts=hosts)
+def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float,
+             node_policy: str = "binpack") -> dict[str, Any]:
+    cluster = SimCluster(n_nodes, extender=extender, hosts=hosts,
+                         config=SchedulerConfig(event_nodes=5, node_policy=node_policy))
     verbs = _VerbTimes()
     try:
         t_setup = time.monotonic()
@@ -80,7 +85,8 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
         time.sleep(0.5)  # the last lock release reaches the observer's watch
         holds = cluster.lock_holds()
         sim = cluster.sim
-        return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "all_running": ok,
+        return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "policy": node_policy,
+                "all_running": ok,
                 "running": len(done), "failed": len(cluster.failed), "wall_s": wall, "create_s": created_s,
                 "pods_per_s": len(done) / wall if wall > 0 else 0.0, "setup_s": setup_s,
                 "lock_holds": len(holds), "lock_p50_ms": pct(holds, 0.5) * 1e3,
@@ -107,7 +113,10 @@ def figures(job: dict[str, dict], fleet: dict[str, dict]) -> list[tuple[str, str
          fo["all_running"] and ratio >= 0.5),
         (f"e2e: node-lock hold p50 / p99 ({fo['nodes']} nodes)",
          f"{fo['lock_p50_ms']:.0f} / {fo['lock_p99_ms']:.0f} ms", "-", True),
-    ]
+    ] + ([("e2e: the same with --node-scheduler-policy spread, pods/s vs extender off",
+           f"{fleet['spread']['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = "
+           f"{fleet['spread']['pods_per_s'] / fb['pods_per_s'] if fb['pods_per_s'] else 0:.0%}", "-", True)]
+         if "spread" in fleet else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     n_nodes = args.nodes or (20 if args.quick else 100)
     n_pods = args.pods or (200 if args.quick else 1000)
     job = {k: run_case(1, 40, extender=k == "on", hosts=0, timeout_s=60) for k in ("on", "off")}
-    fleet = {k: run_case(n_nodes, n_pods, extender=k == "on", hosts=args.hosts, timeout_s=600)
-             for k in ("on", "off")}
+    fleet = {k: run_case(n_nodes, n_pods, extender=k != "off", hosts=args.hosts, timeout_s=600,
+                         node_policy="spread" if k == "spread" else "binpack")
+             for k in ("on", "off", "spread")}
     SUMMARY[:] = figures(job, fleet)
     if args.json:
         print(json.dumps({"job40": job, "fleet": fleet, "figures": SUMMARY}, indent=2))
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'pods/s':>7} {'/filter':>7} {'refused':>7} {'locks':>5} {'hold p50':>8} {'hold p99':>8} "
           f"{'filter p50':>10} {'bind p50':>8}")
     for case, runs in (("job40", job), ("fleet", fleet)):
-        for k in ("on", "off"):
+        for k in runs:
             r = runs[k]
             print(f"{case:<7} {k:>8} {r['nodes']:>5} {r['pods']:>5} {r['running']:>7} {r['failed']:>6} "
                   f"{r['wall_s']:>7.2f} {r['pods_per_s']:>7.1f} {r['filter_calls']:>7} {r['refusals']:>7} "
