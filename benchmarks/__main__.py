@@ -1,4 +1,8 @@
 """Run every ``benchmarks/<name>/bench.py`` (or only the names given): ``python -m benchmarks [name ...]``.
+A name may be written with dashes (``e2e-schedule`` = ``e2e_schedule``).
+
+A bench module that leaves ``(figure, value, goal, met)`` rows in its module-level ``SUMMARY`` list gets
+them repeated in one table at the end (``make bench``: every figure of the run beside its goal).
 
 ``python -m benchmarks NAME --flag ...`` runs one benchmark with its own flags (e.g. ``chaos --seconds 60``).
 A bench module with ``RUN_BY_DEFAULT = False`` (the chaos soak) runs only when named."""
@@ -20,6 +24,7 @@ def discover() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     names = discover()
+    args = [a.replace("-", "_") if a.replace("-", "_") in names else a for a in args]
     if args in (["-h"], ["--help"]):
         print(f"usage: python -m benchmarks [name ...]   (available: {', '.join(names)})")
         return 0
@@ -31,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(names)}", file=sys.stderr)
         return 2
     failed = []
+    summary: list[tuple[str, str, str, str, bool]] = []
     chosen = args or [n for n in names
                       if getattr(importlib.import_module(f"benchmarks.{n}.bench"), "RUN_BY_DEFAULT", True)]
     banner = sys.stderr if args == chosen[:1] == chosen else sys.stdout  # one named: stdout is its own
@@ -40,9 +46,21 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"benchmarks.{name}.bench")
         rc = int(module.main(flags) or 0)
         print(f"=== {name}: exit {rc} in {time.monotonic() - start:.1f}s ===", file=banner, flush=True)
+        summary += [(name, *row) for row in getattr(module, "SUMMARY", [])]
         if rc:
             failed.append(name)
+    if summary and len(chosen) > 1:
+        print_summary(summary)
     return 1 if failed else 0
+
+
+def print_summary(rows: list[tuple[str, str, str, str, bool]]) -> None:
+    """One Markdown table: benchmark, figure, value, goal, met (docs/performance.md keeps the latest)."""
+    print(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+    print("| benchmark | figure | value | goal | met |")
+    print("|---|---|---|---|---|")
+    for bench, figure, value, goal, ok in rows:
+        print(f"| {bench} | {figure} | {value} | {goal} | {'yes' if ok else '**no**'} |")
 
 
 if __name__ == "__main__":

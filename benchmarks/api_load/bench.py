@@ -370,6 +370,9 @@ def run(nodes: int, minutes: float, churn_pods: int) -> dict[str, Any]:
     return result
 
 
+SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table
+
+
 def figures(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     """(figure, value, goal, met) rows for ``make bench``'s summary table."""
     idle = r["idle"]
@@ -408,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes, minutes = (3, 1 / 3) if args.quick else (args.nodes, args.minutes)
     churn = args.churn_pods if args.churn_pods is not None else 2 * nodes
     r = run(nodes, minutes, churn)
+    SUMMARY[:] = figures(r)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -433,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind, u in sorted(r["idle_agents"].items()):
         print(f"  {kind}: RSS max {u['rss_max_mb']:.0f} MB (NVML worker {u['worker_rss_max_mb']:.0f} MB), "
               f"idle CPU {u['cpu_pct']:.2f} % of a core")
-    for name, value, goal, ok in figures(r):
+    SUMMARY[:] = figures(r)
+    for name, value, goal, ok in SUMMARY:
         print(f"  {'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
     return 0
 

@@ -51,7 +51,9 @@ def local_collectors(ctx: Context, local: bool) -> list[tuple[str, Collector, fl
 def _run(name_fns: Sequence[tuple[str, Collector, float | None]], ctx: Context, facts: Facts,
          report: Report) -> None:
     for name, fn, timeout in name_fns:
-        report.collectors.append(run_collector(name, fn, ctx, facts, timeout))
+        # with the cluster view (doctor cluster) the node and pod collectors only read memory
+        inline = ctx.view is not None and fn in (kube.collect_node, kube.collect_pod)
+        report.collectors.append(run_collector(name, fn, ctx, facts, timeout, inline=inline))
 
 
 def finish(report: Report, facts: Facts, trees: Sequence[Tree] = TREES,

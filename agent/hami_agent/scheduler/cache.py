@@ -10,6 +10,11 @@ Why lazy: a shape seen for the first time (or evicted from the memo) has every n
 only the best node, so nodes are fitted best-first (the policy's order of node scores) until one fits;
 the rest stay dirty. Only a pod that fits nowhere needs every node's reason. The FilteringSucceed event's
 counts (how many nodes fit) are completed off the request path (``complete``).
+
+Why screened: the walk and the counts decide most nodes with ``prefit`` (microseconds) instead of the fit
+(a tenth of a millisecond or more). A node the pre-check refuses is remembered as ``PRUNED`` (its reason
+is computed only if the pod fits nowhere); for shapes where the pre-check is exact, a node it accepts is
+remembered as ``FITS_UNPICKED`` (its devices are picked only when it is chosen).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import bisect
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hami_agent import log
@@ -28,12 +35,15 @@ from hami_agent.protocol.devices import MigPlacement
 from hami_agent.protocol.reasons import gen_reason
 from hami_agent.scheduler.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, fit_node, node_score
 from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
+from hami_agent.scheduler.prefit import CapacityIndex, NodeSummary, may_fit, screen_is_exact, summarize
 
 logger = logging.getLogger(__name__)
 
 MEMO_SHAPES = 64  # distinct request shapes remembered (LRU)
 EAGER_DIRTY = 64  # up to this many dirty candidates are all re-fitted at once; beyond, best-first
-COMPLETE_CHUNK = 256  # nodes fitted per lock hold when completing a memo off the request path
+COMPLETE_SLICE_S = 0.001  # longest lock hold when completing a memo's counts off the request path
+COMPLETE_QUIET_S = 0.003  # ... started only this long after the last /filter decision (or after QUIET_MAX_S)
+COMPLETE_QUIET_MAX_S = 0.05
 
 
 @dataclass
@@ -45,9 +55,15 @@ class NodeState:
     mig_used: dict[str, int] = field(default_factory=dict)
     score: float = 0.0
     by_id: dict[str, DeviceUsage] = field(default_factory=dict)
+    summary: NodeSummary | None = None  # prefit's, computed on demand; None again after every change
 
     def __post_init__(self) -> None:
         self.by_id = {d.id: d for d in self.devices}
+
+
+# Screened results in a memo (identity matters): not fitted, decided by prefit.
+PRUNED = NodeFit(False, [], "pruned by the pre-check (no device can take the request)")
+FITS_UNPICKED = NodeFit(True, [], "fits (exact pre-check); devices picked when chosen")
 
 
 @dataclass
@@ -118,6 +134,8 @@ class UsageCache:
         self._order: list[tuple[float, str]] = []  # every node's rank key, ascending (the lazy walk)
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
+        self._capacity = CapacityIndex()
+        self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
 
     # ------------------------------------------------------------------------------------ nodes
     def set_node(self, name: str, devices: list[DeviceUsage], extras: NodeExtras | None = None,
@@ -142,6 +160,7 @@ class UsageCache:
             if self.nodes.pop(name, None) is None:
                 return False
             self._drop_rank(name)
+            self._capacity.update(name, None)
             for m in self._memo.values():
                 m.drop(name)
                 m.fits.pop(name, None)
@@ -150,6 +169,8 @@ class UsageCache:
 
     def _touch(self, st: NodeState) -> None:
         st.score = node_score(st.devices)
+        st.summary = summarize(st.devices)
+        self._capacity.update(st.name, st.summary)
         key = (st.score, st.name)
         if self._rank.get(st.name) != key:
             self._drop_rank(st.name)
@@ -380,6 +401,7 @@ class UsageCache:
                quota: QuotaBudget | None = None, event_nodes: int = 50, pod_name: str = "") -> Decision:
         """Pick the node for a pod among ``names`` (reference §4.3 steps 2-4). Call under ``lock``
         together with :meth:`reserve` to make decide+reserve atomic."""
+        self._last_decide = time.monotonic()
         with self.lock:
             try:
                 names_set = set(names)
@@ -397,17 +419,20 @@ class UsageCache:
                         self._memo.popitem(last=False)
                 else:
                     self._memo.move_to_end(key)
-                todo = m.dirty & names_set  # dirty only ever holds known nodes
+                exact = screen_is_exact(preq, ctx)
+                todo = m.dirty & names_set if len(m.dirty) <= EAGER_DIRTY else m.dirty  # known nodes only
                 if len(todo) <= EAGER_DIRTY:
-                    self._fit_into(m, todo, preq, ctx)
-                    walk = m.order if spread else reversed(m.order)
-                    best = next((k[1] for k in walk if k[1] in names_set), None)
+                    self._fit_into(m, todo, preq, ctx, exact)
+                    best = self._best_fitted(m, names_set, spread, preq, ctx)
+                    if best is not None and (event_nodes or log.enabled(logger, 2)):
+                        pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 else:
-                    best = self._walk(m, names_set, spread, preq, ctx)
-                    if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
-                        self._fit_into(m, m.dirty & names_set, preq, ctx)
-                    elif event_nodes or log.enabled(logger, 2):
-                        pending = (m, names_set, spread, event_nodes, preq, ctx)
+                    best = self._walk(m, names_set, spread, preq, ctx, exact)
+                    if best is not None and (event_nodes or log.enabled(logger, 2)):
+                        pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
+                if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
+                    self._fit_into(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
+                                   preq, ctx, exact, screen=False)
                 fits = m.fits
                 ok_of = m.ok
             else:  # namespace quota changes with every pod of the namespace: no memo
@@ -428,34 +453,107 @@ class UsageCache:
                 return Decision(None, None, failed)
             dec = Decision(best, fits[best], {})
             if pending is not None:
-                dec.pending = (*pending, best)
+                if m.dirty.isdisjoint(names_set):  # every candidate is decided: count now (cheap)
+                    self._count_fits(dec, m, names_set, spread, event_nodes, best)
+                else:
+                    dec.pending = (*pending, best)
             elif event_nodes or log.enabled(logger, 2):
-                self._count_fits(dec, ok_of & names_set, spread, event_nodes)
+                self._count_quota_fits(dec, ok_of & names_set, spread, event_nodes)
             return dec
 
-    def _fit_into(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext) -> None:
+    def _names_ref(self, names: set[str]) -> set[str] | None:
+        """What a pending count keeps of the request's node names: None when they cover every known node
+        (kube-scheduler sends them all), so a queued event does not hold a set of thousands of names."""
+        return None if len(names) >= len(self.nodes) and self.nodes.keys() <= names else names
+
+    def _screen(self, st: NodeState, preq: PodRequest, ctx: PodContext, exact: bool) -> NodeFit:
+        if not may_fit(st, preq, ctx):
+            return PRUNED
+        if exact and st.summary is not None and not st.summary.has_mig:  # may_fit computed the summary
+            return FITS_UNPICKED
+        self.lazy_fits += 1
+        return self.evaluate(st, preq, ctx, None)
+
+    def _fit_into(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext, exact: bool,
+                  screen: bool = True) -> None:
+        """Decide ``todo`` in the memo: screened, or (``screen=False``: reasons wanted) fitted."""
         for n in todo:
-            m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), self._rank[n])
+            st = self.nodes[n]
+            m.put(n, self._screen(st, preq, ctx, exact) if screen else self.evaluate(st, preq, ctx, None),
+                  self._rank[n])
         m.dirty -= todo
 
-    def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext) -> str | None:
-        """Best-first over every node's rank: fit dirty candidates until one fits (it is the best)."""
-        order = self._order if spread else reversed(self._order)
-        dirty, fits = m.dirty, m.fits
+    def _picked(self, m: _Memo, n: str, preq: PodRequest, ctx: PodContext) -> bool:
+        """Make sure the memo holds the fit (devices picked) of node ``n``, which fits; False (and the
+        memo corrected) when the full fit disagrees with the pre-check — a bug, logged."""
+        if m.fits.get(n) is not FITS_UNPICKED:
+            return True
+        self.lazy_fits += 1
+        r = self.evaluate(self.nodes[n], preq, ctx, None)
+        m.put(n, r, self._rank[n])
+        if not r.ok:
+            logger.error("pre-check said node %s fits %s but the fit refused it (%s): please report",
+                         n, preq, r.reason)
+        return r.ok
+
+    def _best_fitted(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest,
+                     ctx: PodContext) -> str | None:
+        """The best node among the fitting ones in the memo (every candidate decided)."""
+        while True:
+            walk = m.order if spread else reversed(m.order)
+            best = next((k[1] for k in walk if k[1] in names), None)
+            if best is None or self._picked(m, best, preq, ctx):
+                return best
+
+    def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext,
+              exact: bool) -> str | None:
+        """Best-first over the candidates' rank: decide dirty candidates until one fits (it is the best).
+        Candidates: the names the capacity index admits; when they are few, they are sorted by rank
+        instead of walking every node's rank."""
+        cand = self._capacity.candidates(preq)
+        if cand is not None:
+            names = names & cand
+        if len(names) * 8 < len(self._order):
+            order: Iterable[tuple[float, str]] = sorted(
+                (self._rank[n] for n in names if n in self._rank), reverse=not spread)
+        else:
+            order = self._order if spread else reversed(self._order)
+        dirty, fits, nodes = m.dirty, m.fits, self.nodes
         for key in order:
             n = key[1]
             if n not in names:
                 continue
             if n in dirty:
-                m.put(n, self.evaluate(self.nodes[n], preq, ctx, None), key)
+                m.put(n, self._screen(nodes[n], preq, ctx, exact), key)
                 dirty.discard(n)
-                self.lazy_fits += 1
             r = fits.get(n)
-            if r is not None and r.ok:
+            if r is not None and r.ok and self._picked(m, n, preq, ctx):
                 return n
         return None
 
-    def _count_fits(self, dec: Decision, ok: set[str], spread: bool, event_nodes: int) -> None:
+    def _count_fits(self, dec: Decision, m: _Memo, names: set[str], spread: bool, event_nodes: int,
+                    best: str) -> None:
+        """Counts for the event from a memo whose candidates are all decided: the chosen node counts as
+        fitting (it did, before its own reservation). The top ``event_nodes`` come from the memo's sorted
+        order (no sort of every fitting node)."""
+        ok = m.ok & names
+        if best in self.nodes:
+            ok.add(best)
+        dec.n_fit = len(ok)
+        top: list[str] = []
+        if event_nodes:
+            for k in (m.order if spread else reversed(m.order)):
+                if k[1] in names and k[1] != best:
+                    top.append(k[1])
+                    if len(top) >= event_nodes:
+                        break
+            if best in self.nodes:
+                top.append(best)
+        top.sort(key=self._rank.__getitem__, reverse=not spread)
+        dec.fit_nodes = top[:event_nodes]
+        dec.scores = {n: self.nodes[n].score for n in dec.fit_nodes}
+
+    def _count_quota_fits(self, dec: Decision, ok: set[str], spread: bool, event_nodes: int) -> None:
         dec.n_fit = len(ok)
         order = sorted(ok, key=self._rank.__getitem__, reverse=not spread)
         dec.fit_nodes = order[:event_nodes]
@@ -463,22 +561,43 @@ class UsageCache:
 
     def complete(self, dec: Decision) -> Decision:
         """Fill in ``n_fit``/``fit_nodes``/``scores`` of a decision the lazy walk left open: the remaining
-        candidates are fitted in chunks, the lock released between them, so concurrent /filter calls wait
-        at most one chunk. Counted now, shortly after the decision: the chosen node counts as fitting (it
-        did, before its own reservation), the others as they are now."""
+        candidates are decided in slices of at most ``COMPLETE_SLICE_S``, the lock released (and as long
+        again slept) between them, so concurrent /filter calls wait at most one slice. Counted now,
+        shortly after the decision: the chosen node counts as fitting (it did, before its own
+        reservation), the others as they are now."""
         if dec.pending is None:
             return dec
-        m, names, spread, event_nodes, preq, ctx, best = dec.pending
+        # The decision holds its memo weakly (a queued event must not keep an evicted memo alive): if it is
+        # gone, the shape's live memo is as good (memos agree once their dirty nodes are decided), else a
+        # scratch one.
+        memo_ref, names_ref, spread, event_nodes, preq, ctx, best = dec.pending
+        exact = screen_is_exact(preq, ctx)
+        with self.lock:
+            m = memo_ref() or self._memo.get((preq, ctx)) or _Memo(dirty=set(self.nodes))
         while True:
+            # Off the request path in earnest: a slice competes with /filter for the lock and for the GIL
+            # (a thread waiting for it can lose milliseconds per hand-off), so wait for a quiet moment.
+            waited = 0.0
+            while waited < COMPLETE_QUIET_MAX_S and time.monotonic() - self._last_decide < COMPLETE_QUIET_S:
+                time.sleep(COMPLETE_QUIET_S)
+                waited += COMPLETE_QUIET_S
             with self.lock:
+                names = self.nodes.keys() if names_ref is None else names_ref
                 todo = m.dirty & names & self.nodes.keys()
-                chunk = set(list(todo)[:COMPLETE_CHUNK])
-                self._fit_into(m, chunk, preq, ctx)
-                if len(chunk) == len(todo):
-                    ok = (m.ok & names) | ({best} if best in self.nodes else set())
-                    self._count_fits(dec, ok, spread, event_nodes)
+                t0 = time.perf_counter()
+                done: set[str] = set()
+                for n in todo:  # a slice of at most COMPLETE_SLICE_S under the lock
+                    done.add(n)
+                    m.put(n, self._screen(self.nodes[n], preq, ctx, exact), self._rank[n])
+                    if time.perf_counter() - t0 > COMPLETE_SLICE_S:
+                        break
+                m.dirty -= done
+                held = time.perf_counter() - t0
+                if len(done) == len(todo):
+                    self._count_fits(dec, m, set(names & self.nodes.keys()), spread, event_nodes, best)
                     dec.pending = None
                     return dec
+            time.sleep(held)  # at most half of a core, and /filter gets the lock (Python's is not fair)
 
     def simulate(self, given: list[tuple[str, list[DeviceUsage] | None, NodeExtras, dict[str, int]]],
                  preq: PodRequest, ctx: PodContext, quota: QuotaBudget | None = None) -> Decision:

@@ -1,0 +1,160 @@
+"""End-to-end scheduling throughput on a SIMULATED cluster (issue 18 item 4): kube-scheduler simulator +
+the real extender (``hami-agent scheduler`` process: /filter, /bind, node lock) + simulated kubelets + the
+real device plugin's Allocate (lock-owner lookup, write-back, lock release); see ``cluster.py``.
+
+Two cases, each run with the extender and again with it switched off (kube-scheduler alone on
+``nvidia.com/gpu`` counts, a plain device plugin):
+
+* ``job40``: a 40-pod job (1 GPU, 4 GiB, 10 cores each) created at once onto one node with 8 GPUs split 10:
+  time from the first create to the last pod ``Running``; goal <= 10 s.
+* ``fleet``: 1,000 such pods over 100 nodes (node hosts in processes of their own): pods/s from the first
+  create to the last ``Running``; goal >= 50 % of the extender-off run. Run a third time with the
+  extender's node policy ``spread`` (the default ``binpack`` sends consecutive pods to the same node,
+  whose node lock then serializes their bindings).
+
+The node-lock hold time is measured from the lock's appearance on the Node (the extender's /bind) to its
+removal (the device plugin's Allocate released it), as seen by a watch on the nodes; the extender-off run
+takes no lock. Figures are printed, never asserted.
+
+Run: ``python -m benchmarks e2e_schedule`` (or ``make bench``); ``--quick``: 200 pods over 20 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from benchmarks.e2e_schedule.cluster import SimCluster
+from hami_agent.scheduler.extender import SchedulerConfig
+from tests.sim import kube_scheduler as ks
+
+SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class _VerbTimes:
+    """Times kube-scheduler's extender calls by verb (the simulator runs in this process)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self._real = ks.ExtenderClient.post
+
+    def __enter__(self) -> _VerbTimes:
+        real, times = self._real, self.times
+
+        def post(client: Any, verb: str, body: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return real(client, verb, body)
+            finally:
+                times.setdefault(verb, []).append(time.monotonic() - t0)
+
+        ks.ExtenderClient.post = post  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ks.ExtenderClient.post = self._real  # type: ignore[method-assign]
+
+
+def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float,
+             node_policy: str = "binpack") -> dict[str, Any]:
+    cluster = SimCluster(n_nodes, extender=extender, hosts=hosts,
+                         config=SchedulerConfig(event_nodes=5, node_policy=node_policy))
+    verbs = _VerbTimes()
+    try:
+        t_setup = time.monotonic()
+        cluster.start()
+        setup_s = time.monotonic() - t_setup
+        with verbs:
+            t0 = time.monotonic()
+            keys_ = cluster.create_pods("job", n_pods)
+            created_s = time.monotonic() - t0
+            ok = cluster.wait_running(keys_, timeout_s)
+        with cluster._lock:  # noqa: SLF001 - the observer's record
+            done = [cluster.running_at[k] for k in keys_ if k in cluster.running_at]
+        last = max(done) if done else time.monotonic()
+        wall = last - t0
+        time.sleep(0.5)  # the last lock release reaches the observer's watch
+        holds = cluster.lock_holds()
+        sim = cluster.sim
+        return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "policy": node_policy,
+                "all_running": ok,
+                "running": len(done), "failed": len(cluster.failed), "wall_s": wall, "create_s": created_s,
+                "pods_per_s": len(done) / wall if wall > 0 else 0.0, "setup_s": setup_s,
+                "lock_holds": len(holds), "lock_p50_ms": pct(holds, 0.5) * 1e3,
+                "lock_p99_ms": pct(holds, 0.99) * 1e3,
+                "filter_calls": sim.filter_calls if sim else 0, "refusals": len(sim.failures) if sim else 0,
+                "filter_p50_ms": pct(verbs.times.get("filter", []), 0.5) * 1e3,
+                "bind_p50_ms": pct(verbs.times.get("bind", []), 0.5) * 1e3,
+                "refusal_sample": sorted({m[:160] for _k, m in (sim.failures if sim else [])})[:3]}
+    finally:
+        cluster.stop()
+
+
+def figures(job: dict[str, dict], fleet: dict[str, dict]) -> list[tuple[str, str, str, bool]]:
+    """(figure, value, goal, met) rows for ``make bench``'s summary table."""
+    jo, jb = job["on"], job["off"]
+    fo, fb = fleet["on"], fleet["off"]
+    ratio = fo["pods_per_s"] / fb["pods_per_s"] if fb["pods_per_s"] else 0.0
+    return [
+        (f"e2e: {jo['pods']}-pod job onto one 8-GPU node (split 10), all Running",
+         f"{jo['wall_s']:.2f} s ({jo['running']}/{jo['pods']}; off: {jb['wall_s']:.2f} s)", "<= 10 s",
+         jo["all_running"] and jo["wall_s"] <= 10.0),
+        (f"e2e: {fo['pods']} pods over {fo['nodes']} nodes, pods/s vs extender off",
+         f"{fo['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = {ratio:.0%}", ">= 50 %",
+         fo["all_running"] and ratio >= 0.5),
+        (f"e2e: node-lock hold p50 / p99 ({fo['nodes']} nodes)",
+         f"{fo['lock_p50_ms']:.0f} / {fo['lock_p99_ms']:.0f} ms", "-", True),
+    ] + ([("e2e: the same with --node-scheduler-policy spread, pods/s vs extender off",
+           f"{fleet['spread']['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = "
+           f"{fleet['spread']['pods_per_s'] / fb['pods_per_s'] if fb['pods_per_s'] else 0:.0%}", "-", True)]
+         if "spread" in fleet else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks e2e_schedule", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="the fleet case with 200 pods over 20 nodes")
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--pods", type=int, default=None)
+    p.add_argument("--hosts", type=int, default=4, help="node-host processes for the fleet case")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    n_nodes = args.nodes or (20 if args.quick else 100)
+    n_pods = args.pods or (200 if args.quick else 1000)
+    job = {k: run_case(1, 40, extender=k == "on", hosts=0, timeout_s=60) for k in ("on", "off")}
+    fleet = {k: run_case(n_nodes, n_pods, extender=k != "off", hosts=args.hosts, timeout_s=600,
+                         node_policy="spread" if k == "spread" else "binpack")
+             for k in ("on", "off", "spread")}
+    SUMMARY[:] = figures(job, fleet)
+    if args.json:
+        print(json.dumps({"job40": job, "fleet": fleet, "figures": SUMMARY}, indent=2))
+        return 0
+    print("end-to-end scheduling, SIMULATED cluster: kube-scheduler sim + extender process + kubelet sims + "
+          "real device plugins (Allocate)")
+    print(f"{'case':<7} {'extender':>8} {'nodes':>5} {'pods':>5} {'Running':>7} {'failed':>6} {'wall s':>7} "
+          f"{'pods/s':>7} {'/filter':>7} {'refused':>7} {'locks':>5} {'hold p50':>8} {'hold p99':>8} "
+          f"{'filter p50':>10} {'bind p50':>8}")
+    for case, runs in (("job40", job), ("fleet", fleet)):
+        for k in runs:
+            r = runs[k]
+            print(f"{case:<7} {k:>8} {r['nodes']:>5} {r['pods']:>5} {r['running']:>7} {r['failed']:>6} "
+                  f"{r['wall_s']:>7.2f} {r['pods_per_s']:>7.1f} {r['filter_calls']:>7} {r['refusals']:>7} "
+                  f"{r['lock_holds']:>5} {r['lock_p50_ms']:>6.0f}ms {r['lock_p99_ms']:>6.0f}ms "
+                  f"{r['filter_p50_ms']:>8.1f}ms {r['bind_p50_ms']:>6.1f}ms")
+            for m in r["refusal_sample"]:
+                print(f"          refused: {m}")
+    for name, value, goal, ok in SUMMARY:
+        print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
