@@ -33,9 +33,11 @@ def node(name: str) -> dict:
                                    "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-def replicaset(name: str, replicas: int, gpu: bool = True) -> dict:
+def replicaset(name: str, replicas: int, gpu: bool = True, node: str | None = None) -> dict:
+    """``node``: pods created already bound there (``spec.nodeName``), as a test that needs them on one
+    node cannot rely on where the scheduler spreads them."""
     limits = {GPU_RESOURCE: "1"} if gpu else {"cpu": "1"}
-    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+    rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": name, "namespace": "ml"},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                      "template": {"metadata": {"labels": {"app": name}},
@@ -43,6 +45,9 @@ def replicaset(name: str, replicas: int, gpu: bool = True) -> dict:
                                            "terminationGracePeriodSeconds": 5,
                                            "containers": [{"name": "c", "image": "x",
                                                            "resources": {"limits": limits}}]}}}}
+    if node:
+        rs["spec"]["template"]["spec"]["nodeName"] = node
+    return rs
 
 
 def pdb(name: str, app: str, **spec: object) -> dict:

@@ -23,10 +23,10 @@ def test_drain_waits_for_the_budget_and_never_breaks_it(monkeypatch) -> None:
     with cluster(["gpu-1", "gpu-2", "gpu-3"]) as c:
         c.api.create(replicaset("trainer", 6))
         c.api.create(pdb("trainer", "trainer", minAvailable=5))
-        c.api.create(replicaset("web", 2, gpu=False))
+        c.api.create(replicaset("web", 2, gpu=False, node="gpu-1"))  # non-GPU pods on the drained node
         assert c.wait(lambda: len(c.ready_pods("trainer")) == 6 and len(c.ready_pods("web")) == 2)
         on_1 = sorted(p["metadata"]["name"] for p in c.pods("trainer") if p["spec"]["nodeName"] == "gpu-1")
-        assert len(on_1) == 2  # the scheduler spreads 6 pods over 3 nodes
+        assert len(on_1) >= 2  # at least two, so the second eviction has to wait for the budget
         c.monitor.arm()
 
         plan = _run(c, monkeypatch, check_mode=True, name="gpu-1", state="drain")

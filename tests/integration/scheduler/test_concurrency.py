@@ -36,7 +36,9 @@ def test_no_device_overcommitted_under_concurrency(api_server):
             n = len(sim.bound)
             if n == last:
                 still += 1
-                if still >= 40:  # 4 s without a new binding: the rest does not fit
+                # 15 s without a new binding: the rest does not fit (shorter windows ended the run early
+                # on a loaded machine while binds queued behind a node lock)
+                if still >= 150:
                     break
             else:
                 last, still = n, 0
