@@ -84,6 +84,8 @@ class ProcScanner:
     def __init__(self, run_id: str) -> None:
         self.marker = f"{RUN_ENV}={run_id}".encode()
         self._ident: dict[tuple[int, str], tuple[str, str] | None] = {}  # (pid, start) -> (mode, node)
+        # the watcher samples and the fault thread looks for a stopped agent's workers at the same time
+        self._lock = threading.Lock()
 
     def _identify(self, pid: int) -> tuple[str, str] | None:
         try:
@@ -101,6 +103,10 @@ class ProcScanner:
         return mode, node
 
     def workers(self) -> list[WorkerInfo]:
+        with self._lock:
+            return self._workers_locked()
+
+    def _workers_locked(self) -> list[WorkerInfo]:
         out: list[WorkerInfo] = []
         try:
             pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
