@@ -746,6 +746,18 @@ class Demo:
                    f"changed {changed}; cordons {ro.cordons(reqs)}; evictions {len(ro.evictions(reqs))}")
 
 
+    def step_f(self) -> None:
+        """The same GPUs through Dynamic Resource Allocation (sandbox/dra_step.py): a node of its own, the
+        real ``hami-agent dra``, the simulated kubelet's DRA manager and kube-scheduler's allocator."""
+        from sandbox import dra_step
+
+        self.header("f", "DRA: claims shared the HAMi way (hami-agent dra)")
+        result = dra_step.run(dra_step.DraStepCluster.from_sandbox(self.sb), say=self.say)
+        for name, ok, detail in result.checks:
+            self.check(f"DRA: {name}", ok, detail)
+        if not result.checks:
+            self.check("DRA step ran", False, "no check ran")
+
 def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("*"):
@@ -765,7 +777,7 @@ def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
         except SandboxError as exc:
             demo.check("sandbox started", False, str(exc))
             raise
-        for step in (demo.step_b, demo.step_c, demo.step_d, demo.step_e):
+        for step in (demo.step_b, demo.step_c, demo.step_d, demo.step_e, demo.step_f):
             demo.guarded(step)
     except KeyboardInterrupt:
         interrupted = True
@@ -774,7 +786,7 @@ def run_demo(sb: Sandbox, out: Path, keep: bool = False) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        demo.header("f", "report")
+        demo.header("g", "report")
         elapsed = time.monotonic() - demo.t0
         passed = sum(c.ok for c in demo.checks)
         for c in demo.checks:

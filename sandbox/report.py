@@ -14,7 +14,8 @@ STEP_TITLES = {
     "c": "sample workload",
     "d": "seed 003 replay",
     "e": "rollout of a driver pin change",
-    "f": "report",
+    "f": "DRA claims (hami-agent dra)",
+    "g": "report",
 }
 
 

@@ -74,7 +74,10 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
                    "nvidia_mps change on a node with running GPU pods evicted them first",
                    "resumed first (batch 1): gates passed, uncordoned", "every GPU node runs 570.195.03",
                    "the budget held at every change", "never more than serial=1 node(s) cordoned",
-                   "second run: changed=0 on every host, no cordon and no eviction"):
+                   "second run: changed=0 on every host, no cordon and no eviction",
+                   # issue 20: DRA
+                   "DRA: a claim for 20 GiB and 30 % lands with HAMi-core's limits",
+                   "DRA: when the first pod goes its claim is unprepared and the third lands"):
         assert any(needle in ln and ln.startswith("[PASS]") for ln in report.splitlines()), needle
     doc = json.loads((out / "report.json").read_text())
     assert doc["ok"] is True and all(step["ok"] for step in doc["steps"])

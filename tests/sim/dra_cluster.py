@@ -109,9 +109,15 @@ class PodRunner:
         pods = self.client.list_pods(field_selector=f"spec.nodeName={self.node.name}")
         live = set()
         now = time.monotonic()
+        terminating = []
         for pod in pods:
             md = pod["metadata"]
             uid = md["uid"]
+            if md.get("deletionTimestamp"):
+                # graceful deletion (an API server that waits for the kubelet): the kubelet stops the pod,
+                # unprepares its claims, then confirms the deletion with grace period 0
+                terminating.append(pod)
+                continue
             live.add(uid)
             phase = (pod.get("status") or {}).get("phase", "Pending")
             with self._lock:
@@ -136,6 +142,18 @@ class PodRunner:
                 with self._lock:
                     self._seen[uid] = {}
                 raise
+        for pod in terminating:  # released above (not live): now confirm
+            self._confirm_deletion(pod)
+
+    def _confirm_deletion(self, pod: dict) -> None:
+        from hami_agent.k8s.client import api_path
+
+        md = pod["metadata"]
+        ns = md.get("namespace", "default")
+        self.client.call("DELETE", api_path("pods", ns, md["name"]), verb="delete", kind="pod",
+                         name=f"{ns}/{md['name']}",
+                         body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                               "preconditions": {"uid": md.get("uid")}})
 
     def _done(self, pod: dict, r: AdmissionResult) -> None:
         md = pod["metadata"]

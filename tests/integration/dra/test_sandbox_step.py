@@ -12,8 +12,12 @@ from tests.sim.apiserver import ApiServer
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 
-def test_the_dra_step_passes_and_leaves_nothing_behind(tmp_path, gpusim_lib_path):
+@pytest.mark.parametrize("graceful", [False, True], ids=["immediate-delete", "graceful-deletion"])
+def test_the_dra_step_passes_and_leaves_nothing_behind(tmp_path, gpusim_lib_path, graceful):
+    """With graceful deletion (the sandbox's API server) a deleted pod waits for its kubelet: the
+    simulated kubelet unprepares the claims and confirms the deletion, as the real one does."""
     with ApiServer() as api:
+        api.policy.graceful_deletion = graceful
         cluster = dra_step.DraStepCluster(api.kubeconfig_path, tmp_path / "dra", gpusim_lib=gpusim_lib_path)
         result = dra_step.run(cluster)
         assert result.ok, "\n".join(result.lines)
