@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hami_agent.k8s.errors import KubeError
-from sandbox import podman
+from sandbox import identities, podman
 from sandbox import rollout as ro
 from sandbox.cluster import PLUGIN_UNIT, SCHEDULER_UNIT, Sandbox, SandboxError, _env, wait_for
 from sandbox.config import GPUSIM_LIB, REPO
@@ -77,6 +77,18 @@ class Demo:
         self.checks.append(Check(self.step, name, bool(ok), detail))
         self.say(f"  [{'PASS' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""))
         return bool(ok)
+
+    def _doctor_kubeconfig(self, node: str) -> str:
+        """The kubeconfig doctor uses inside a node container: an operator's (the read-only hami-doctor
+        role) when every component has its own identity, since the node's own identity may read only its
+        node and its pods; else the node's."""
+        operator = identities.kubeconfig(self.sb.cfg.run_dir, "operator")
+        if operator is None:
+            return "/etc/hami/kubeconfig"
+        dest = "/root/hami-doctor.kubeconfig"
+        subprocess.run(["podman", "cp", str(operator), f"{node}:{dest}"], check=True, timeout=60,
+                       capture_output=True)
+        return dest
 
     def guarded(self, fn: Callable[[], None]) -> None:
         try:
@@ -193,7 +205,7 @@ class Demo:
                 "/opt/hami-agent/venv/bin/hami-agent",
                 *common,
                 "--kubeconfig",
-                "/etc/hami/kubeconfig",
+                self._doctor_kubeconfig(node),
                 "--host-root",
                 view,
                 "--proc-root",

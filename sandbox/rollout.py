@@ -177,12 +177,24 @@ def evictions(reqs: list[dict]) -> list[str]:
     return [r["path"] for r in reqs if r["method"] == "POST" and r["path"].endswith("/eviction")]
 
 
+def sets_unschedulable(body: Any) -> bool:
+    """A node write's body sets spec.unschedulable: a merge patch or object, or a JSON patch (a list of
+    operations; the agents' lock writes are JSON patches)."""
+    if isinstance(body, list):
+        return any(isinstance(op, dict) and op.get("op") in ("add", "replace")
+                   and op.get("path") == "/spec/unschedulable" and op.get("value") is True for op in body)
+    if isinstance(body, dict):
+        spec = body.get("spec")
+        return isinstance(spec, dict) and bool(spec.get("unschedulable"))
+    return False
+
+
 def cordons(reqs: list[dict]) -> list[str]:
     """Node writes that set spec.unschedulable."""
     out = []
     for r in reqs:
         if r["method"] in ("PATCH", "PUT") and re.match(r"^/api/v1/nodes/[^/]+$", r["path"]):
-            if ((r.get("body") or {}).get("spec") or {}).get("unschedulable"):
+            if sets_unschedulable(r.get("body")):
                 out.append(r["path"].rsplit("/", 1)[1])
     return out
 
