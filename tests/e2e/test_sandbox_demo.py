@@ -108,7 +108,9 @@ SANDBOX_RARE = {
         ("list", "", "resourcequotas"): "the simulated API server calls no admission webhook",
         ("patch", "", "events"): "only a repeated identical event is patched",
     },
-    "plugin": {("get", "", "pods"): "Allocate's API fallback when the pod informer lags"},
+    "plugin": {("get", "", "pods"): "Allocate's API fallback when the pod informer lags",
+               ("get", "", "nodes"): "the node comes from the plugin's node watch; a GET only when the watch "
+                                     "lags (deviceplugin/owner.py find_lock_owner, node_register.py)"},
 }
 
 
