@@ -164,18 +164,11 @@ def _cleanup(client: Any, node: str) -> None:
     except Exception:  # noqa: BLE001 - nothing to list
         pass
     doomed.append(("nodes", node, None))
-    from hami_agent.k8s.client import api_path
-
     for kind, name, ns in doomed:
         try:
-            if kind == "pods":
-                # the node's kubelet is gone: delete at once, as the pod garbage collector does for pods
-                # of a deleted node (a graceful delete would wait for a kubelet that never confirms)
-                client.call("DELETE", api_path("pods", ns, name), verb="delete", kind="pod",
-                            name=f"{ns}/{name}", body={"kind": "DeleteOptions", "apiVersion": "v1",
-                                                       "gracePeriodSeconds": 0})
-            else:
-                client.delete(kind, name, ns)
+            # pods: the node's kubelet is gone, so delete at once, as the pod garbage collector does for
+            # pods of a deleted node (a graceful delete would wait for a kubelet that never confirms)
+            client.delete(kind, name, ns, grace_period_s=0 if kind == "pods" else None)
         except Exception:  # noqa: BLE001,S112 - already gone
             continue
 

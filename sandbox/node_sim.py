@@ -29,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from hami_agent.k8s.client import KubeClient, api_path
+from hami_agent.k8s.client import KubeClient
 from tests.sim.kubelet import AdmissionResult, SimulatedKubelet
 
 BASE_CAPACITY = {"cpu": "64", "memory": "515396075520", "pods": "110", "ephemeral-storage": "1000Gi"}
@@ -132,10 +132,7 @@ class NodeSim:
                 self.kubelet.release(uid)
         ns = md.get("namespace", "default")
         try:
-            self.client.call("DELETE", api_path("pods", ns, md["name"]), verb="delete", kind="pod",
-                             name=f"{ns}/{md['name']}",
-                             body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                                   "preconditions": {"uid": md.get("uid")}})
+            self.client.delete("pods", md["name"], ns, uid=md.get("uid"), grace_period_s=0)
         except Exception as exc:  # noqa: BLE001 - gone already, or retried on the next poll
             print(f"node_sim: confirming the deletion of {ns}/{md['name']}: {exc}", file=sys.stderr,
                   flush=True)

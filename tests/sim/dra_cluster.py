@@ -146,14 +146,9 @@ class PodRunner:
             self._confirm_deletion(pod)
 
     def _confirm_deletion(self, pod: dict) -> None:
-        from hami_agent.k8s.client import api_path
-
         md = pod["metadata"]
-        ns = md.get("namespace", "default")
-        self.client.call("DELETE", api_path("pods", ns, md["name"]), verb="delete", kind="pod",
-                         name=f"{ns}/{md['name']}",
-                         body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                               "preconditions": {"uid": md.get("uid")}})
+        self.client.delete("pods", md["name"], md.get("namespace", "default"), uid=md.get("uid"),
+                           grace_period_s=0)
 
     def _done(self, pod: dict, r: AdmissionResult) -> None:
         md = pod["metadata"]

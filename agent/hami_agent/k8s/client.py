@@ -405,12 +405,18 @@ class KubeClient:
                          kind=info.singular, name=_display(namespace, name, info), body=patch,
                          content_type=content_type, timeout_s=timeout_s)
 
-    def delete(self, kind: str, name: str, namespace: str | None = None,
-               resource_version: str | None = None, timeout_s: float | None = None) -> Obj:
+    def delete(self, kind: str, name: str, namespace: str | None = None,  # noqa: PLR0917
+               resource_version: str | None = None, timeout_s: float | None = None, *,
+               uid: str | None = None, grace_period_s: int | None = None) -> Obj:
+        """DeleteOptions: preconditions on ``resource_version`` / ``uid``; ``grace_period_s=0`` deletes a
+        pod at once (what a kubelet sends to confirm a graceful deletion, or the pod GC for a gone node)."""
         info = kind_info(kind)
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
-        if resource_version:
-            body["preconditions"] = {"resourceVersion": resource_version}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        pre = {k: v for k, v in (("resourceVersion", resource_version), ("uid", uid)) if v}
+        if pre:
+            body["preconditions"] = pre
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         return self.call("DELETE", api_path(kind, namespace, name), verb="delete", kind=info.singular,
                          name=_display(namespace, name, info), body=body, timeout_s=timeout_s)
 
