@@ -243,8 +243,6 @@ class Sandbox:
             "ANSIBLE_RETRY_FILES_ENABLED": "0",
             "ANSIBLE_LOCAL_TEMP": str(self.cfg.run_dir / "ansible-tmp"),
             "PYTHONUNBUFFERED": "1",
-            # one `podman exec` per task instead of three (put file, run, clean up): the nodes are local
-            "ANSIBLE_PIPELINING": "True",
             "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
             "KUBECONFIG": str(self.cfg.kubeconfig),
             "HAMI_SANDBOX_DIR": str(self.cfg.run_dir),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,10 +60,21 @@ class Settings:
     verbosity: int = 3
 
 
+_PORTS = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768+ by default): a port the kernel hands out
+    for bind(0) can be taken by any outgoing connection before the agent binds it."""
+    for _ in range(200):
+        port = _PORTS.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000 after 200 tries")
 
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:
@@ -70,6 +83,13 @@ def http_ok(url: str, timeout_s: float = 1.0) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
 
 
 def wait_for(pred: Any, timeout_s: float, step_s: float = 0.1) -> bool:
@@ -167,12 +187,37 @@ class Cluster:
         if not wait_for(self._registered_everywhere, START_S):
             raise RuntimeError("the nodes' hami.io/node-nvidia-register annotations did not appear in "
                                f"{START_S:g}s")
-        if not wait_for(lambda: all(http_ok(u + "/readyz") for u in self.extender_urls), START_S):
+        def extenders_ready() -> bool:
+            dead = [e.name for e in self.extenders if not e.running()]
+            if dead:  # no point waiting out the start-up time for a process that is gone
+                raise RuntimeError(f"{dead} exited during start-up:\n{self._extender_diagnosis()}")
+            return all(http_ok(u + "/readyz") for u in self.extender_urls)
+
+        if not wait_for(extenders_ready, START_S):
             raise RuntimeError(f"the extender replicas were not ready after {START_S:g}s "
-                               f"(logs: {self.workdir})")
+                               f"(logs: {self.workdir}):\n{self._extender_diagnosis()}")
         self.scheduler = KubeSchedulerSim(self.client, list(self.extender_urls), workers=2,
                                           initial_backoff_s=0.5, max_backoff_s=5.0, http_timeout_s=30.0)
         self.scheduler.start()
+
+    def _extender_diagnosis(self) -> str:
+        """Why the replicas are not ready, for the error (CI keeps no work directories): each /readyz
+        answer, the Lease holder and each log's tail."""
+        assert self.api is not None
+        lease = self.api.get("Lease", LEASE_NS, LEASE_NAME) or {}
+        out = [f"lease holder: {(lease.get('spec') or {}).get('holderIdentity')!r}, annotations: "
+               f"{(lease.get('metadata') or {}).get('annotations')}"]
+        for url, ext in zip(self.extender_urls, self.extenders, strict=True):
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                    answer = f"{r.status} {r.read(200)!r}"
+            except urllib.error.HTTPError as exc:
+                answer = f"{exc.code} {exc.read(200)!r}"
+            except OSError as exc:
+                answer = f"no answer: {exc}"
+            out.append(f"--- {ext.name} {url}/readyz: {answer}; running={ext.running()}; log tail:")
+            out.append(tail(ext.log_path, 25))
+        return "\n".join(out)
 
     def _registered_everywhere(self) -> bool:
         assert self.api is not None

@@ -186,7 +186,9 @@ def test_a_success_write_that_lands_after_the_deadline_is_undone(tmp_path):
         runner.run(lambda budget: alloc.allocate(plan, [[f"{U0}-0"]], budget), "Allocate for 'gpu'")
     src.delay = 0.0
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (src.patches == [] or not alloc.writer.wait_idle(0.1)):
+    # two patches: the late success write, then the failure record the allocator queues once the late
+    # write returns (waiting for "writer idle" alone races that queueing on a loaded machine)
+    while time.monotonic() < deadline and (len(src.patches) < 2 or not alloc.writer.wait_idle(0.1)):
         time.sleep(0.05)
     ann = src.pods[("default", "slow")]["metadata"]["annotations"]
     # the late success write landed first, then the failure record restored the allocation
