@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hami_agent.doctor import predicates
 from hami_agent.doctor.collect import host, kube
@@ -208,7 +209,7 @@ def diagnose_cluster(ctx: Context, local_node: str | None = None, max_pods: int 
     for child in report.children:
         for v in child.verdicts:
             subject = v.subject or f"{child.command} {child.target}"
-            merged.append(Verdict(**{**v.to_dict(), "subject": subject}))
+            merged.append(replace(v, subject=subject, evidence=list(v.evidence)))
     report.verdicts = rank(merged)
     return report
 
@@ -220,6 +221,4 @@ def _endpoints():  # the module, imported when a --scheduler-url is given (urlli
 
 
 def _sub_context(ctx: Context, **changes: object) -> Context:
-    from dataclasses import replace
-
     return replace(ctx, **changes)  # type: ignore[arg-type]
