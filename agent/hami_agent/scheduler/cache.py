@@ -272,6 +272,42 @@ class UsageCache:
         with self.lock:
             return [uid for uid, a in self._assumed.items() if a.expires <= t]
 
+    def settled_pods(self, node: str, at_most: int, skip: str = "") -> list[PodUsage] | None:
+        """The pods counted on ``node`` from the informer's view (not the assumptions: /filter decisions
+        still being written or confirmed; not ``skip``), or None when there are more than ``at_most``."""
+        with self.lock:
+            out: list[PodUsage] = []
+            for uid in self._pods_by_node.get(node, ()):
+                if uid == skip or uid in self._assumed:
+                    continue
+                if len(out) == at_most:
+                    return None
+                out.append(self.pods[uid])
+            return out
+
+    def fits_without(self, node: str, gone: list[PodUsage], preq: PodRequest, ctx: PodContext) -> bool:
+        """Whether the pod would fit ``node`` if the pods ``gone`` counted nothing (on a copy: the cache is
+        not changed)."""
+        with self.lock:
+            st = self.nodes.get(node)
+            if st is None:
+                return False
+            copy = NodeState(node, [d.clone() for d in st.devices], st.extras, dict(st.mig_capacity),
+                             dict(st.mig_used))
+            for pod in gone:
+                if self.pods.get(pod.uid) is pod and pod.node == node:
+                    self._apply(copy, pod, -1)
+            return self.evaluate(copy, preq, ctx, None).ok
+
+    def forget_gone(self, uid: str, expect: PodUsage) -> PodUsage | None:
+        """Stop counting a pod the API says is gone (deleted, or finished), read while the informer had
+        not caught up yet: only while the cache still counts exactly ``expect`` for it from the informer
+        (an assumption made meanwhile is a newer decision, and wins). Returns what it no longer counts."""
+        with self.lock:
+            if uid in self._assumed or self.pods.get(uid) is not expect:
+                return None
+            return self._set(uid, None)
+
     def exclude(self, uid: str) -> PodUsage | None:
         """Take a pod's usage off its node (for a /filter retry of that pod) without forgetting any
         assumption; give it back with :meth:`restore` or replace it with :meth:`assume`. Call under
