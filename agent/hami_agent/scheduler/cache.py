@@ -135,6 +135,7 @@ class UsageCache:
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
         self._capacity = CapacityIndex()
+        self._static_mig: dict[str, set[str]] = {}  # profile -> nodes with static MIG capacity for it
         self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
 
     # ------------------------------------------------------------------------------------ nodes
@@ -143,6 +144,7 @@ class UsageCache:
         """Add or replace a node's devices; usage of cached pods on it is re-applied."""
         with self.lock:
             st = NodeState(name, devices, extras or NodeExtras(), dict(mig_capacity or {}))
+            self._index_static_mig(name, self.nodes.get(name), st)
             self.nodes[name] = st
             for uid in self._pods_by_node.get(name, ()):
                 self._apply(st, self.pods[uid], +1)
@@ -155,10 +157,19 @@ class UsageCache:
                 st.extras = extras
                 self._touch(st)
 
+    def _index_static_mig(self, name: str, old: NodeState | None, new: NodeState | None) -> None:
+        for profile in old.mig_capacity if old is not None else ():
+            self._static_mig.get(profile, set()).discard(name)
+        for profile, n in new.mig_capacity.items() if new is not None else ():
+            if n > 0:
+                self._static_mig.setdefault(profile, set()).add(name)
+
     def remove_node(self, name: str) -> bool:
         with self.lock:
-            if self.nodes.pop(name, None) is None:
+            old = self.nodes.pop(name, None)
+            if old is None:
                 return False
+            self._index_static_mig(name, old, None)
             self._drop_rank(name)
             self._capacity.update(name, None)
             for m in self._memo.values():
@@ -547,6 +558,9 @@ class UsageCache:
         Candidates: the names the capacity index admits; when they are few, they are sorted by rank
         instead of walking every node's rank."""
         cand = self._capacity.candidates(preq)
+        for profile, _n in preq.mig:  # static MIG resources: only nodes that offer the profile
+            offer = self._static_mig.get(profile, set())
+            cand = offer if cand is None else cand & offer
         if cand is not None:
             names = names & cand
         if len(names) * 8 < len(self._order):
