@@ -19,7 +19,9 @@ What a real kube-apiserver does with a LIST depends on ``resourceVersion`` and `
 
 Pages are read at the first page's revision, so objects created, changed or deleted while a client
 pages through a list do not show up in it (etcd's MVCC snapshot): the store's event history is rolled
-back to that revision. A page holds exactly ``limit`` matching objects (the real server may return fewer
+back to that revision. The first page's selection (sorted) is kept for the continue pages that follow
+(a few lists per store), so a page costs O(page) as etcd's range read does, not a copy and sort of the
+whole collection per page. A page holds exactly ``limit`` matching objects (the real server may return fewer
 and a continue token when a selector filters many out; clients must and do handle both).
 
 ``RequestAccounting`` counts every request by client (User-Agent and user) and verb (the RBAC verb:
