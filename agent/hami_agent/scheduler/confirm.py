@@ -51,9 +51,9 @@ class GoneCheck:
     def __init__(self, cache: UsageCache, client: Any, *, max_gets: int = MAX_GETS, budget_s: float = 1.0,
                  qps: float = 20.0, burst: int = 40, max_fits: int = MAX_FITS) -> None:
         self.cache = cache
-        # one attempt, a short timeout: kube-scheduler's scheduling cycle waits for this answer
-        views = hasattr(client, "with_options")
-        self.client = client.with_options(timeout_s=budget_s, attempts=1, limiter=None) if views else client
+        # one attempt, within the check's budget: kube-scheduler's scheduling cycle waits for this answer
+        self.client = client
+        self._views = hasattr(client, "with_options")
         self.max_gets = max_gets
         self.budget_s = budget_s
         self.max_fits = max_fits
@@ -91,11 +91,14 @@ class GoneCheck:
         deadline = time.monotonic() + self.budget_s
         gone: list[PodUsage] = []
         for i, pod in enumerate(suspects):
-            if i and (time.monotonic() >= deadline or not self.limiter.try_accept()):
+            left = deadline - time.monotonic()
+            if i and (left <= 0.01 or not self.limiter.try_accept()):
                 break
+            client = (self.client.with_options(timeout_s=left, attempts=1, limiter=None) if self._views
+                      else self.client)
             try:
                 self.gets += 1
-                obj = self.client.get_pod(pod.namespace, pod.name)
+                obj = client.get_pod(pod.namespace, pod.name)
             except NotFoundError:
                 gone.append(pod)
                 continue

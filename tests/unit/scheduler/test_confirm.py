@@ -132,6 +132,25 @@ def test_an_api_error_refuses_as_before() -> None:
     assert len(api.gets) == 1 and used(cache) == 8000  # stopped at the first failure
 
 
+def test_the_reads_stop_when_the_budget_is_spent() -> None:
+    """kube-scheduler's scheduling cycle waits for /filter: a slow API ends the check at its budget."""
+    import time
+
+    cache, api = UsageCache(), ApiPods()
+    full_node(cache, "n1", pods=4)  # all gone from the API, but each read is slow
+    real = api.get_pod
+
+    def slow(ns: str, name: str) -> dict:
+        time.sleep(0.3)
+        return real(ns, name)
+
+    api.get_pod = slow  # type: ignore[method-assign]
+    check = GoneCheck(cache, api, budget_s=0.5)
+    check.release(["n1"], WHOLE, CTX, "uid-new")
+    assert 1 <= len(api.gets) < 4
+    assert check.released == len(api.gets)  # what was read back counts; the rest stays counted
+
+
 def test_the_rate_limit_bounds_reads_across_refusals() -> None:
     cache, api = UsageCache(), ApiPods()
     (pod,) = full_node(cache)
