@@ -283,18 +283,31 @@ class UsageCache:
         with self.lock:
             return [uid for uid, a in self._assumed.items() if a.expires <= t]
 
-    def settled_pods(self, node: str, at_most: int, skip: str = "") -> list[PodUsage] | None:
-        """The pods counted on ``node`` from the informer's view (not the assumptions: /filter decisions
-        still being written or confirmed; not ``skip``), or None when there are more than ``at_most``."""
+    def few_settled_pods(self, names: Iterable[str], at_most: int,
+                         skip: str = "") -> dict[str, list[PodUsage]]:
+        """For each of ``names`` on which the cache counts between 1 and ``at_most`` pods from the
+        informer's view (not the assumptions: /filter decisions still being written or confirmed; not
+        ``skip``): those pods. One pass under the lock; a node with many more pods is passed over by its
+        count alone (a refusal at 5,000 full nodes must not walk their pods)."""
+        out: dict[str, list[PodUsage]] = {}
         with self.lock:
-            out: list[PodUsage] = []
-            for uid in self._pods_by_node.get(node, ()):
-                if uid == skip or uid in self._assumed:
+            slack = at_most + 1 + len(self._assumed)  # more uids than this: too many settled ones for sure
+            by_node, assumed, pods = self._pods_by_node, self._assumed, self.pods
+            for node in names:
+                uids = by_node.get(node)
+                if not uids or len(uids) > slack or node in out:
                     continue
-                if len(out) == at_most:
-                    return None
-                out.append(self.pods[uid])
-            return out
+                few: list[PodUsage] = []
+                for uid in uids:
+                    if uid == skip or uid in assumed:
+                        continue
+                    if len(few) == at_most:
+                        few = []
+                        break
+                    few.append(pods[uid])
+                if few:
+                    out[node] = few
+        return out
 
     def fits_without(self, node: str, gone: list[PodUsage], preq: PodRequest, ctx: PodContext) -> bool:
         """Whether the pod would fit ``node`` if the pods ``gone`` counted nothing (on a copy: the cache is

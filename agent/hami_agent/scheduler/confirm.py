@@ -66,14 +66,9 @@ class GoneCheck:
         """The counted pods that alone keep the pod off a candidate node, fewest per node first, at most
         ``max_gets`` of them."""
         per_node: list[tuple[int, str, list[PodUsage]]] = []
-        fits = 0
-        for node in dict.fromkeys(names):
-            pods = self.cache.settled_pods(node, self.max_gets, skip=uid)
-            if not pods:
-                continue  # nothing to confirm, or more than one refusal may read
-            if fits >= self.max_fits:
-                break
-            fits += 1
+        # nodes with nothing to confirm, or more pods than one refusal may read, are passed over
+        few = self.cache.few_settled_pods(names, self.max_gets, skip=uid)
+        for node, pods in sorted(few.items(), key=lambda kv: (len(kv[1]), kv[0]))[:self.max_fits]:
             if self.cache.fits_without(node, pods, preq, ctx):
                 per_node.append((len(pods), node, pods))
         out: list[PodUsage] = []
