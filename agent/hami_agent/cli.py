@@ -59,7 +59,24 @@ def _load(module_path: str):
         raise
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str] | None) -> str | None:
+    """The subcommand a command line runs (its first word), or None (``--help``, no command, a typo)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    return words[0] if words and words[0] in SUBCOMMANDS else None
+
+
+def _exists(module_path: str) -> bool:
+    """Whether the subcommand's module is there, without importing it or its package (``find_spec`` would
+    run the package's ``__init__``: NVML, shrreg)."""
+    rel = module_path.split(".")[1:]  # below hami_agent
+    return os.path.exists(os.path.join(os.path.dirname(__file__), *rel) + ".py")
+
+
+def build_parser(argv: Sequence[str] | None = ()) -> argparse.ArgumentParser:
+    """The full parser; with ``argv`` naming a subcommand, only that subcommand's module is imported and
+    the others are listed by name and help only (importing all of them cost ~0.3 s of start-up, which
+    a one-shot command such as ``doctor cluster`` pays on every run)."""
+    chosen = _chosen(argv) if argv != () else None
     parser = argparse.ArgumentParser(
         prog="hami-agent",
         description="GPU device plugin, scheduler extender and node tooling, wire-compatible with HAMi.",
@@ -69,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     version.add_argument("--json", action="store_true", help="machine-readable output")
     version.set_defaults(run=_run_version)
     for name, (module_path, help_text) in SUBCOMMANDS.items():
+        if chosen is not None and name != chosen:
+            if _exists(module_path):  # not run by this command line: its flags are not needed
+                sub.add_parser(name, help=help_text, description=help_text)
+            continue
         module = _load(module_path)
         if module is None:
             continue
@@ -90,7 +111,7 @@ def _run_version(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(build_parser(), argv)
+    return dispatch(build_parser(sys.argv[1:] if argv is None else argv), argv)
 
 
 def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:

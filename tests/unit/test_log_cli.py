@@ -72,3 +72,16 @@ def test_common_flags_include_node_config_with_env_fallback(monkeypatch):
     monkeypatch.setenv("NODE_CONFIG_FILE", "/etc/hami/node-config.json")
     args = cli.build_parser().parse_args(["device-plugin"])
     assert args.node_config == "/etc/hami/node-config.json"
+
+
+def test_parser_for_one_subcommand_still_lists_every_subcommand(capsys):
+    parser = cli.build_parser(["doctor", "cluster"])
+    args = parser.parse_args(["doctor", "cluster", "--max-pods", "3"])
+    assert args.max_pods == 3 and args.run.__module__ == "hami_agent.doctor.cmd"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in cli.SUBCOMMANDS)
+    # a command line without a (known) subcommand gets the full parser
+    full = cli.build_parser(["--help"])
+    assert full.parse_args(["scheduler"]).run.__module__ == "hami_agent.scheduler.cmd"

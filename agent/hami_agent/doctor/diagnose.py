@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hami_agent.doctor import predicates
-from hami_agent.doctor.collect import endpoints, host, kube, logs, nvmlworkers
+from hami_agent.doctor.collect import host, kube
 from hami_agent.doctor.collect.base import Collector, Context, run_collector
 from hami_agent.doctor.engine import Tree, evaluate, rank
 from hami_agent.doctor.model import WARNING, Facts, Report, Verdict
@@ -26,6 +27,11 @@ def _context_facts(ctx: Context, facts: Facts, node: str | None) -> None:
 
 def local_collectors(ctx: Context, local: bool) -> list[tuple[str, Collector, float | None]]:
     """Node-local evidence: on the node itself (``local``) or from files given on the command line."""
+    if not (local or ctx.kubelet_log or ctx.plugin_log or ctx.hami_core_log or ctx.plugin_url):
+        return []  # ``doctor cluster`` on every node but its own: no need to import the collectors
+    # imported here (urllib.request, the NVML reaper: ~0.1 s of start-up that doctor cluster need not pay)
+    from hami_agent.doctor.collect import endpoints, logs, nvmlworkers
+
     out: list[tuple[str, Collector, float | None]] = []
     if ctx.kubelet_log:
         out.append(("kubelet_log_file", logs.collect_kubelet_log, logs.log_timeout(ctx, ctx.kubelet_log)))
@@ -117,7 +123,7 @@ def diagnose_pod(ctx: Context, local: bool | None = False) -> Report:
     report = Report("pod", f"{ctx.pod_ns}/{ctx.pod_name}")
     _run([("pod", kube.collect_pod, None)], ctx, facts, report)
     if ctx.scheduler_url:
-        _run([("scheduler_endpoint", endpoints.collect_scheduler_endpoint, ctx.http_timeout_s * 2 + 5)],
+        _run([("scheduler_endpoint", _endpoints().collect_scheduler_endpoint, ctx.http_timeout_s * 2 + 5)],
              ctx, facts, report)
     node = facts.get("pod.node_name", None) or facts.get("pod.vgpu_node", None)
     if node:
@@ -138,7 +144,7 @@ def diagnose_node(ctx: Context, local: bool | None = False) -> Report:
     _context_facts(ctx, facts, ctx.node_name)
     collectors: list[tuple[str, Collector, float | None]] = [("node", kube.collect_node, None)]
     if ctx.scheduler_url:
-        collectors.append(("scheduler_endpoint", endpoints.collect_scheduler_endpoint,
+        collectors.append(("scheduler_endpoint", _endpoints().collect_scheduler_endpoint,
                            ctx.http_timeout_s * 2 + 5))
     _run(collectors + local_collectors(ctx, local), ctx, facts, report)
     symptoms = facts.lines("kubelet.outstanding")
@@ -169,7 +175,7 @@ def diagnose_cluster(ctx: Context, local_node: str | None = None, max_pods: int 
     if box.get("view"):
         ctx = _sub_context(ctx, view=box["view"][0])
     if ctx.scheduler_url:
-        _run([("scheduler_endpoint", endpoints.collect_scheduler_endpoint, ctx.http_timeout_s * 2 + 5)],
+        _run([("scheduler_endpoint", _endpoints().collect_scheduler_endpoint, ctx.http_timeout_s * 2 + 5)],
              ctx, facts, report)
     for node in box.get("nodes", []):
         name = (node.get("metadata") or {}).get("name", "")
@@ -203,12 +209,16 @@ def diagnose_cluster(ctx: Context, local_node: str | None = None, max_pods: int 
     for child in report.children:
         for v in child.verdicts:
             subject = v.subject or f"{child.command} {child.target}"
-            merged.append(Verdict(**{**v.to_dict(), "subject": subject}))
+            merged.append(replace(v, subject=subject, evidence=list(v.evidence)))
     report.verdicts = rank(merged)
     return report
 
 
-def _sub_context(ctx: Context, **changes: object) -> Context:
-    from dataclasses import replace
+def _endpoints():  # the module, imported when a --scheduler-url is given (urllib.request: ~40 ms)
+    from hami_agent.doctor.collect import endpoints
 
+    return endpoints
+
+
+def _sub_context(ctx: Context, **changes: object) -> Context:
     return replace(ctx, **changes)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from hami_agent.scheduler.cache import UsageCache
+from hami_agent.scheduler.confirm import GoneCheck
 from hami_agent.scheduler.events import EventSink
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.gctune import settle_heap
@@ -69,6 +70,8 @@ class SchedulerApp:
         self.requeue = Requeuer(client, self.gate.lease_valid)
         self.extender.requeue = self.requeue
         self.sync.on_freed = self.requeue.freed
+        # ... and before refusing, the few pods in the way are read back (scheduler/confirm.py)
+        self.extender.gone_check = GoneCheck(self.cache, client)
         # a /bind meeting a busy node lock waits for its release (scheduler/lockwait.py)
         self.lock_waiter = None
         if self.config.bind_lock_wait_s > 0:

@@ -135,6 +135,7 @@ class UsageCache:
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
         self._capacity = CapacityIndex()
+        self._static_mig: dict[str, set[str]] = {}  # profile -> nodes with static MIG capacity for it
         self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
 
     # ------------------------------------------------------------------------------------ nodes
@@ -143,6 +144,7 @@ class UsageCache:
         """Add or replace a node's devices; usage of cached pods on it is re-applied."""
         with self.lock:
             st = NodeState(name, devices, extras or NodeExtras(), dict(mig_capacity or {}))
+            self._index_static_mig(name, self.nodes.get(name), st)
             self.nodes[name] = st
             for uid in self._pods_by_node.get(name, ()):
                 self._apply(st, self.pods[uid], +1)
@@ -155,10 +157,19 @@ class UsageCache:
                 st.extras = extras
                 self._touch(st)
 
+    def _index_static_mig(self, name: str, old: NodeState | None, new: NodeState | None) -> None:
+        for profile in old.mig_capacity if old is not None else ():
+            self._static_mig.get(profile, set()).discard(name)
+        for profile, n in new.mig_capacity.items() if new is not None else ():
+            if n > 0:
+                self._static_mig.setdefault(profile, set()).add(name)
+
     def remove_node(self, name: str) -> bool:
         with self.lock:
-            if self.nodes.pop(name, None) is None:
+            old = self.nodes.pop(name, None)
+            if old is None:
                 return False
+            self._index_static_mig(name, old, None)
             self._drop_rank(name)
             self._capacity.update(name, None)
             for m in self._memo.values():
@@ -271,6 +282,55 @@ class UsageCache:
         t = time.monotonic() if now is None else now
         with self.lock:
             return [uid for uid, a in self._assumed.items() if a.expires <= t]
+
+    def few_settled_pods(self, names: Iterable[str], at_most: int,
+                         skip: str = "") -> dict[str, list[PodUsage]]:
+        """For each of ``names`` on which the cache counts between 1 and ``at_most`` pods from the
+        informer's view (not the assumptions: /filter decisions still being written or confirmed; not
+        ``skip``): those pods. One pass under the lock; a node with many more pods is passed over by its
+        count alone (a refusal at 5,000 full nodes must not walk their pods)."""
+        out: dict[str, list[PodUsage]] = {}
+        with self.lock:
+            slack = at_most + 1 + len(self._assumed)  # more uids than this: too many settled ones for sure
+            by_node, assumed, pods = self._pods_by_node, self._assumed, self.pods
+            for node in names:
+                uids = by_node.get(node)
+                if not uids or len(uids) > slack or node in out:
+                    continue
+                few: list[PodUsage] = []
+                for uid in uids:
+                    if uid == skip or uid in assumed:
+                        continue
+                    if len(few) == at_most:
+                        few = []
+                        break
+                    few.append(pods[uid])
+                if few:
+                    out[node] = few
+        return out
+
+    def fits_without(self, node: str, gone: list[PodUsage], preq: PodRequest, ctx: PodContext) -> bool:
+        """Whether the pod would fit ``node`` if the pods ``gone`` counted nothing (on a copy: the cache is
+        not changed)."""
+        with self.lock:
+            st = self.nodes.get(node)
+            if st is None:
+                return False
+            copy = NodeState(node, [d.clone() for d in st.devices], st.extras, dict(st.mig_capacity),
+                             dict(st.mig_used))
+            for pod in gone:
+                if self.pods.get(pod.uid) is pod and pod.node == node:
+                    self._apply(copy, pod, -1)
+            return self.evaluate(copy, preq, ctx, None).ok
+
+    def forget_gone(self, uid: str, expect: PodUsage) -> PodUsage | None:
+        """Stop counting a pod the API says is gone (deleted, or finished), read while the informer had
+        not caught up yet: only while the cache still counts exactly ``expect`` for it from the informer
+        (an assumption made meanwhile is a newer decision, and wins). Returns what it no longer counts."""
+        with self.lock:
+            if uid in self._assumed or self.pods.get(uid) is not expect:
+                return None
+            return self._set(uid, None)
 
     def exclude(self, uid: str) -> PodUsage | None:
         """Take a pod's usage off its node (for a /filter retry of that pod) without forgetting any
@@ -511,6 +571,9 @@ class UsageCache:
         Candidates: the names the capacity index admits; when they are few, they are sorted by rank
         instead of walking every node's rank."""
         cand = self._capacity.candidates(preq)
+        for profile, _n in preq.mig:  # static MIG resources: only nodes that offer the profile
+            offer = self._static_mig.get(profile, set())
+            cand = offer if cand is None else cand & offer
         if cand is not None:
             names = names & cand
         if len(names) * 8 < len(self._order):

@@ -120,6 +120,8 @@ class Extender:
                              events=events, count=self._count)
         self.gate.on_lost(self.decisions.clear)
         self.requeue: Any = None  # scheduler/requeue.py Requeuer: told when /filter finds no node
+        # scheduler/confirm.py GoneCheck: before a refusal, are the few pods in the way still there?
+        self.gone_check: Any = None
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict) -> dict:
@@ -161,7 +163,9 @@ class Extender:
             return self._result(error=err)
         return self._decide(fa, pod, preq, ctx)
 
-    def _decide(self, fa: FilterArgs, pod: dict, preq: Any, ctx: PodContext) -> dict:
+    def _decide(self, fa: FilterArgs, pod: dict, preq: Any, ctx: PodContext, confirmed: bool = False) -> dict:
+        """Decide and reserve; write the assignment. ``confirmed``: the pods in the way of a refusal were
+        checked against the API already (decide once more at most)."""
         ns, name, uid = fa.namespace, fa.name, fa.uid
         limits = self._quota_limits(ns)  # API read (cached) outside the lock
         simulate = fa.nodes is not None
@@ -187,6 +191,15 @@ class Extender:
                                   (dec.node, encoded, vtime))
             elif not simulate:
                 self.cache.restore(uid, prev)
+        if dec.node is None and not simulate and not confirmed and self.gone_check is not None:
+            # the cache may be behind the API (kube-scheduler saw a pod go and retried at once): the few
+            # pods in the way are read back, and the decision made again if one of them is gone
+            freed = self.gone_check.release(fa.names, preq, ctx, uid)
+            if freed:
+                if self.requeue is not None:
+                    for node in freed:  # other parked pods may want what freed, as on the informer's path
+                        self.requeue.freed(node)
+                return self._decide(fa, pod, preq, ctx, confirmed=True)
         if dec.node is None:
             self._count("filter", "unschedulable")
             if self.metrics is not None and not simulate:

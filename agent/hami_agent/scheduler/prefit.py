@@ -4,8 +4,9 @@ Fitting a pod on a node (``fit.fit_node``: score, sort, walk, clone) costs 0.1-0
 nodes a request shape seen for the first time would cost a second. Most nodes can be decided far cheaper:
 
 * ``may_fit`` is a *necessary* condition (False: the pod cannot fit). It first compares the request with
-  a per-node summary (free devices, largest free memory and cores, idle devices: O(1)), then counts the
-  devices that pass every per-device test of ``fit_devices`` that does not depend on the other picks.
+  a per-node summary (free devices, the ``nums``-th largest free memory and cores, idle devices: O(1)),
+  then counts the devices that pass every per-device test of ``fit_devices`` that does not depend on the
+  other picks.
 * ``screen_is_exact`` says when ``may_fit`` is also *sufficient*: one container asking for GPUs, no NUMA
   binding, no GPU in MIG mode on the node. ``fit_devices`` then takes the first ``nums`` devices that pass
   those same independent tests (or, topology-aware, all of them and chooses among them), so the count
@@ -13,7 +14,8 @@ nodes a request shape seen for the first time would cost a second. Most nodes ca
 * ``CapacityIndex`` keeps the nodes sorted by the k-th largest free memory and free cores of their
   devices: a container asking for ``nums`` GPUs with ``m`` MiB each can only fit a node whose
   ``nums``-th largest free memory is at least ``m``, so a bisection bounds the walk of a demanding new
-  shape (8 whole GPUs at 5,000 nodes: the few empty nodes) instead of screening every node.
+  shape (8 whole GPUs at 5,000 nodes: the few empty nodes) instead of screening every node. (The usage
+  cache bounds a shape asking for static MIG resources to the nodes offering the profile the same way.)
 
 Both are checked against the exact fit by property tests (``tests/unit/scheduler/test_may_fit.py``).
 """
@@ -96,8 +98,12 @@ def may_fit(st: NodeState, preq: PodRequest, ctx: PodContext) -> bool:
             break
         cores = min(c.coresreq, 100)
         least_mem = min(c.memory_for(s.min_totalmem), c.memory_for(s.max_totalmem))
-        if (c.nums > s.free or cores > s.max_free_cores or least_mem > s.max_free_mem
-                or (cores == 100 and s.all_full_core and c.nums > s.idle)):
+        if c.nums > s.free or (cores == 100 and s.all_full_core and c.nums > s.idle):
+            return False
+        # the container needs ``nums`` devices with that much free memory and cores: the nums-th largest
+        # free memory and cores must do (as the capacity index, but per node: 8 GPUs of 60 GiB on a node
+        # whose largest free GPU has them, but not its eighth, are refused here and not counted)
+        if least_mem > s.free_mems[c.nums - 1] or cores > s.free_cores[c.nums - 1]:
             return False
     return _count_devices(st, preq, ctx)
 
@@ -137,13 +143,17 @@ def _count_devices(st: NodeState, preq: PodRequest, ctx: PodContext) -> bool:
 
 class CapacityIndex:
     """Nodes by the k-th largest free memory / free cores of their devices (k = 1, 2, ...), for a superset
-    of the nodes a shape can fit (``candidates``). Nodes with a GPU in MIG mode are not indexed (one
-    device may serve several instances): they are always candidates. Not thread-safe: the cache's lock."""
+    of the nodes a shape can fit (``candidates``). A node with a GPU in MIG mode is indexed by its largest
+    free memory and cores only (k = 1): one MIG device may serve every instance a container asks for, but
+    only a device that passes the memory and cores tests counts at all (``_count_devices``), so a node
+    whose best device is too small cannot fit. Not thread-safe: the cache's lock."""
 
     def __init__(self) -> None:
         self._tables: tuple[dict[int, list[tuple[int, str]]], dict[int, list[tuple[int, str]]]] = ({}, {})
         self._keys: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self.unindexed: set[str] = set()
+        # nodes with a MIG-mode GPU: (largest free memory, name) and (largest free cores, name), sorted
+        self._mig_tables: tuple[list[tuple[int, str]], list[tuple[int, str]]] = ([], [])
+        self._mig_keys: dict[str, tuple[int, int]] = {}
         self._min_total: int | None = None  # over every device seen: bounds a percentage's MiB from below
         self._max_total: int | None = None
 
@@ -157,15 +167,24 @@ class CapacityIndex:
                     i = bisect.bisect_left(lst, (v, name))
                     if i < len(lst) and lst[i] == (v, name):
                         del lst[i]
-        self.unindexed.discard(name)
+        old_mig = self._mig_keys.pop(name, None)
+        if old_mig is not None:
+            for lst, v in zip(self._mig_tables, old_mig, strict=True):
+                i = bisect.bisect_left(lst, (v, name))
+                if i < len(lst) and lst[i] == (v, name):
+                    del lst[i]
         if s is None:
-            return
-        if s.has_mig:
-            self.unindexed.add(name)
             return
         if s.free_mems:
             self._min_total = min(s.min_totalmem, self._min_total or s.min_totalmem)
             self._max_total = max(s.max_totalmem, self._max_total or 0)
+        if s.has_mig:
+            if s.free_mems:  # no device with a free slot: no GPU container fits
+                best = (s.free_mems[0], s.free_cores[0])
+                for lst, v in zip(self._mig_tables, best, strict=True):
+                    bisect.insort(lst, (v, name))
+                self._mig_keys[name] = best
+            return
         for table, values in zip(self._tables, (s.free_mems, s.free_cores), strict=True):
             for k, v in enumerate(values, 1):
                 bisect.insort(table.setdefault(k, []), (v, name))
@@ -182,18 +201,24 @@ class CapacityIndex:
         """A superset of the nodes ``preq`` can fit; None (every node may) when it would keep more than
         1/``min_gain`` of them: the walk's early stop is then cheaper than building the set."""
         best: tuple[int, list[tuple[int, str]], int] | None = None
+        mig: tuple[int, list[tuple[int, str]], int] | None = None
         for c in preq.containers:
             if c is None or c.nums <= 0:
                 continue
-            for table, need in zip(self._tables, (self._least_mem(c.memreq, c.mem_percentage),
-                                                  min(c.coresreq, 100)), strict=True):
+            needs = (self._least_mem(c.memreq, c.mem_percentage), min(c.coresreq, 100))
+            for table, need in zip(self._tables, needs, strict=True):
                 lst = table.get(c.nums, [])
                 i = bisect.bisect_left(lst, (need, ""))
                 if best is None or len(lst) - i < best[0]:
                     best = (len(lst) - i, lst, i)
-        if best is None or best[0] * min_gain > len(self._keys):
+            for lst, need in zip(self._mig_tables, needs, strict=True):
+                i = bisect.bisect_left(lst, (need, ""))
+                if mig is None or len(lst) - i < mig[0]:
+                    mig = (len(lst) - i, lst, i)
+        if best is None or mig is None:
             return None
-        _size, lst, i = best
-        out = {n for _v, n in lst[i:]}
-        out |= self.unindexed
+        if (best[0] + mig[0]) * min_gain > len(self._keys) + len(self._mig_keys):
+            return None
+        out = {n for _v, n in best[1][best[2]:]}
+        out.update(n for _v, n in mig[1][mig[2]:])
         return out

@@ -53,3 +53,29 @@ def test_per_node_collectors_run_without_a_thread_each(capsys: pytest.CaptureFix
     monkeypatch.setattr(base.threading.Thread, "start", start)
     _calls(capsys, nodes=30, pods=300)
     assert started == ["doctor-cluster_list"], started  # the API list only: it has a deadline
+
+
+def test_doctor_cluster_imports_only_what_it_runs(tmp_path) -> None:
+    """Start-up is part of the figure (python -m benchmarks doctor-cluster): the CLI builds only the chosen
+    subcommand's parser, and the node-local collectors (urllib, the NVML reaper) are not imported for
+    nodes doctor does not run on."""
+    import json
+    import subprocess
+    import sys
+
+    others = ["hami_agent.scheduler.cmd", "hami_agent.deviceplugin.cmd", "hami_agent.monitor.cmd",
+              "hami_agent.dra.cmd", "hami_agent.nvml.client", "hami_agent.shrreg.analysis",
+              "hami_agent.doctor.collect.endpoints", "hami_agent.doctor.collect.nvmlworkers",
+              "hami_agent.doctor.collect.logs"]
+    script = ("import json, sys\nfrom hami_agent import cli\n"
+              "rc = cli.main(sys.argv[2:])\n"
+              "print(json.dumps([m for m in json.loads(sys.argv[1]) if m in sys.modules]), file=sys.stderr)\n"
+              "sys.exit(rc)\n")
+    with ApiServer(history_limit=10_000) as api:
+        populate(api, 3, 30, pending=2)
+        proc = subprocess.run([sys.executable, "-c", script, json.dumps(others), "doctor", "cluster",
+                               "--kubeconfig", api.kubeconfig_path, "--no-local", "--json"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    report = json.loads(proc.stdout)
+    assert len(report["children"]) == 3 + 2, proc.stderr[-2000:]
+    assert json.loads(proc.stderr.strip().splitlines()[-1]) == []

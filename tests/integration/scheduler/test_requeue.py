@@ -13,7 +13,7 @@ import pytest
 
 from hami_agent.protocol import keys
 from hami_agent.scheduler.requeue import ANNOTATION
-from tests.integration.scheduler.cluster import gpu_node, gpu_pod, stack
+from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod, stack
 from tests.sim import kube_scheduler_queue as qu
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -28,9 +28,13 @@ def _wait(fn, timeout: float) -> bool:
     return bool(fn())
 
 
-def _race(api_server, app, sim, lag_s: float) -> float:
+def _race(api_server, app, sim, lag_s: float, expect_refusal: bool = True) -> float:
     """Bind ``first`` on the single GPU, park ``second``, then delete ``first`` while the extender's
-    informer lags ``lag_s`` behind kube-scheduler's. Returns when the extender's cache freed the GPU."""
+    informer lags ``lag_s`` behind kube-scheduler's. Returns when the extender's informer freed the GPU.
+    ``expect_refusal``: the retry the deletion triggers is refused (the read-back of ``confirm.py`` is
+    off: the announcement is the backstop under test)."""
+    if expect_refusal:
+        app.extender.gone_check = None
     api_server.create(gpu_pod("first", gpus=1, mem=16384))
     assert sim.wait_idle(10, expect_bound=1)
     api_server.create(gpu_pod("second", gpus=1, mem=16384))
@@ -58,8 +62,35 @@ def _race(api_server, app, sim, lag_s: float) -> float:
     api_server.delete("Pod", "default", "first")
     assert _wait(lambda: freed_at, 10)
     refusals = sum(1 for k, _m in sim.failures if k == "default/second") - refused_before
-    assert refusals >= 1, "kube-scheduler did not retry before the extender freed the GPU: no race"
+    if expect_refusal:
+        assert refusals >= 1, "kube-scheduler did not retry before the extender freed the GPU: no race"
+    else:
+        assert refusals == 0, sim.failures[-3:]
     return freed_at[0]
+
+
+def test_the_retry_after_the_deletion_is_placed_by_reading_the_pod_back(api_server):
+    """The race, with /filter reading back the pod in its way before refusing (``confirm.py``): the API
+    no longer has ``first``, so the retry that ``first``'s deletion triggered places ``second`` at once —
+    no refusal, no backoff — while the lagging informer has not freed the GPU yet."""
+    api_server.create(gpu_node("gpu-1", gpus=1, mem=16384, split=1))
+    with stack(api_server, backoff_s=1.0) as (app, sim):
+        bound_before_informer = []
+        real_gone = app.cache.observe_gone
+
+        def informer_frees(uid: str):
+            bound_before_informer.append("default/second" in sim.bound_at)
+            return real_gone(uid)
+
+        app.cache.observe_gone = informer_frees
+        _race(api_server, app, sim, lag_s=1.0, expect_refusal=False)
+        assert sim.wait_idle(15, expect_bound=2)
+        assert bound_before_informer == [True]
+        assert app.extender.gone_check.released == 1 and app.extender.gone_check.gets >= 1
+        # the informer's late deletion changed nothing: the GPU is counted once, for ``second``
+        usage = app.cache.pods
+        assert [u.name for u in usage.values()] == ["second"]
+        check_cluster(api_server, [app])
 
 
 def test_refused_pod_runs_once_the_extender_frees_the_gpu(api_server):

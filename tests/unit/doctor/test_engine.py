@@ -125,3 +125,41 @@ def test_fixes_name_the_remediation_playbooks() -> None:
     for playbook in ("remediate_nvml_hang.yml", "remediate_mps_daemon.yml", "remediate_node_lock.yml",
                      "remediate_shrreg.yml", "reregister_devices.yml", "collect_diagnostics.yml"):
         assert f"playbooks/{playbook}" in fixes, playbook
+
+
+def test_predicates_are_resolved_once_per_tree_not_per_subject(monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor cluster evaluates every rule for 1,000+ subjects: the names are resolved once, and the
+    verdicts are those of the rule-by-rule evaluation (``fires``)."""
+    reg = _registry()
+    tree = Tree("t", "seed", "title", (
+        Rule("A", "error", ("flag:a",), "a", "fix", unless=("flag:b",)),
+        Rule("B", "warning", ("flag:a", "flag:c"), "b", "fix"),
+        Rule("A", "info", ("flag:c",), "a again", "fix"),  # the first rule of a code wins
+    ))
+    resolved: list[str] = []
+    real = reg.resolve
+    monkeypatch.setattr(reg, "resolve", lambda spec: resolved.append(spec) or real(spec))
+    for a, b, c in [(True, False, True), (True, True, True), (False, None, True), (None, None, None)] * 5:
+        f = Facts()
+        for key, v in (("a", a), ("b", b), ("c", c)):
+            if v is not None:
+                f.set(key, v)
+        got = [(v.code, v.summary) for v in evaluate([tree], f, reg)]
+        want: list[tuple[str, str]] = []
+        for rule in tree.rules:
+            if rule.code not in [w[0] for w in want] and fires(rule, f, _registry()):
+                want.append((rule.code, rule.summary))
+        assert sorted(got) == sorted(want)
+    assert sorted(resolved) == ["flag:a", "flag:a", "flag:b", "flag:c", "flag:c"]  # once per rule's name
+
+
+def test_verdict_dict_is_every_field() -> None:
+    from dataclasses import asdict
+
+    from hami_agent.doctor.model import Verdict
+
+    v = Verdict("C", "error", "s", ["a", "b"], "fix", "tree", "node x", "docs/runbooks/C.md")
+    assert v.to_dict() == asdict(v)
+    d = v.to_dict()
+    d["evidence"].append("c")
+    assert v.evidence == ["a", "b"]  # a copy, as asdict's

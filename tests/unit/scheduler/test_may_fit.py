@@ -163,3 +163,44 @@ def test_capacity_index_admits_every_node_that_fits(data) -> None:
     cand = cache._capacity.candidates(pr, min_gain=0)  # noqa: SLF001 - the index under test
     fitting = {n for n, node in cache.nodes.items() if cache.evaluate(node, pr, ctx, None).ok}
     assert cand is None or fitting <= cand, (pr, fitting - cand)
+
+
+def test_a_node_whose_kth_free_gpu_is_too_small_is_refused_by_the_summary(monkeypatch) -> None:
+    """8 GPUs of 60 GiB: a node whose largest free GPU has that much but whose eighth has not is refused
+    from its summary (O(1)), without counting its devices (the walk of a new 8-GPU shape at 5,000 nodes
+    screened 1,600 such nodes device by device: 30 ms)."""
+    from hami_agent.scheduler import prefit
+
+    counted: list[str] = []
+    real = prefit._count_devices  # noqa: SLF001 - the step that must not run
+    monkeypatch.setattr(prefit, "_count_devices", lambda st, p, c: counted.append(st.name) or real(st, p, c))
+    node = NodeState("n", [dev(g, mem=81920, usedmem=0 if g < 7 else 40000) for g in range(8)])
+    eight = preq(req(8, mem=61440, cores=15))
+    assert not may_fit(node, eight, PodContext()) and counted == []
+    assert not UsageCache().evaluate(node, eight, PodContext(), None).ok
+    busy_cores = NodeState("c", [dev(g, mem=81920, usedcores=0 if g < 7 else 90) for g in range(8)])
+    assert not may_fit(busy_cores, eight, PodContext()) and counted == []
+    roomy = NodeState("r", [dev(g, mem=81920, usedmem=10000) for g in range(8)])
+    assert may_fit(roomy, eight, PodContext()) and counted == ["r"]
+
+
+def test_static_mig_shapes_walk_only_the_nodes_offering_the_profile() -> None:
+    cache = UsageCache()
+    rng = random.Random(3)
+    for i in range(300):
+        offer = {"1g.10gb": rng.randrange(3)} if i % 10 == 0 else {}
+        cache.set_node(f"n{i:03d}", [dev(0, uuid=f"n{i}-0", used=rng.randrange(5))], mig_capacity=offer)
+    cache.set_node("n000", [dev(0, uuid="n0-0")], mig_capacity={})  # re-registered without MIG capacity
+    cache.remove_node("n010")
+    names = sorted(cache.nodes)
+    shape = PodRequest(containers=(None,), n_init=0, mig=(("1g.10gb", 1),))
+    ctx = PodContext()
+    fitting = [n for n in names if cache.evaluate(cache.nodes[n], shape, ctx, None).ok]
+    want = max(fitting, key=cache._rank.__getitem__)  # noqa: SLF001
+    assert fitting and all(int(n[1:]) % 10 == 0 for n in fitting) and "n000" not in fitting
+    screened: list[str] = []
+    real = cache._screen  # noqa: SLF001
+    cache._screen = lambda st, *a: screened.append(st.name) or real(st, *a)  # noqa: SLF001
+    dec = cache.decide(names, shape, ctx)  # a new shape, 299 dirty nodes: the best-first walk
+    assert dec.node == want
+    assert screened and all(int(n[1:]) % 10 == 0 and n not in ("n000", "n010") for n in screened)
