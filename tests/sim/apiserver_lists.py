@@ -37,7 +37,7 @@ import bisect
 import json
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,23 +109,19 @@ def _select(items: list[Obj], rt: ResourceType, ns: str | None, query: dict[str,
     return out
 
 
-SNAPSHOTS_KEPT = 8  # selected, sorted lists kept per store for the continue pages that follow
+# Selected, sorted lists kept per store (``Store.list_snapshots``, by plural, namespace, selectors and
+# revision) for the continue pages that follow. The state at a revision never changes (MVCC), so a later
+# page is cut from the same selection: re-reading and sorting every object for each page of 500 made a
+# 10,000-pod list cost O(objects) per page (O(objects²) in all), where etcd's range read costs O(page).
+SNAPSHOTS_KEPT = 8
 
 Snapshot = tuple[list[Obj], list[str]]  # the selected objects, sorted, and their keys
-
-
-def _snapshots(store: Store) -> OrderedDict[tuple, Snapshot]:
-    """The lists whose continue pages may follow, by (plural, namespace, selectors, revision); caller holds
-    ``store.condition``. The state at a revision never changes (MVCC), so a later page is cut from the
-    same selection: re-reading and sorting every object for each page of 500 made a 10,000-pod list cost
-    O(objects) per page (O(objects²) in all), where etcd's range read costs O(page)."""
-    return store.__dict__.setdefault("_list_snapshots", OrderedDict())
 
 
 def _remember(store: Store, key: tuple, items: list[Obj]) -> Snapshot:
     snap = (items, [_key(o) for o in items])
     with store.condition:
-        cache = _snapshots(store)
+        cache = store.list_snapshots
         cache[key] = snap
         while len(cache) > SNAPSHOTS_KEPT:
             cache.popitem(last=False)
@@ -160,7 +156,7 @@ def serve_list(store: Store, rt: ResourceType, ns: str | None, query: dict[str, 
         with store.condition:
             if store.expired(at):
                 raise ApiError(410, "Expired", EXPIRED_CONTINUE)
-            snap = _snapshots(store).get((*selection, at))
+            snap = store.list_snapshots.get((*selection, at))
             if snap is None:
                 state = _state_at(store, rt, at)
         if snap is None:

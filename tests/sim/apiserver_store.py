@@ -24,6 +24,7 @@ import datetime
 import re
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -355,6 +356,8 @@ class Store:
     on_write: list[Callable[[ResourceType, Obj | None, Obj, str | None], None]] = field(default_factory=list)
     on_change: list[Callable[[HistoryEntry], None]] = field(default_factory=list)
     strategies: dict[str, Strategy] = field(default_factory=dict)  # plural -> write rules
+    # paginated lists whose continue pages may follow (apiserver_lists.py), under the store lock
+    list_snapshots: OrderedDict[tuple, Any] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         for ns in DEFAULT_NAMESPACES:

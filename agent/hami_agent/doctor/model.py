@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Severities, most severe first. "info" verdicts are not problems (exit code 0).
@@ -129,11 +129,11 @@ class Verdict:
         return self.severity in PROBLEM_SEVERITIES
 
     def to_dict(self) -> dict[str, Any]:
-        # by hand, not asdict(): the same dict, without asdict's deep copy of every field (1,000+
-        # verdicts in a doctor cluster report)
-        return {"code": self.code, "severity": self.severity, "summary": self.summary,
-                "evidence": list(self.evidence), "fix": self.fix, "tree": self.tree, "subject": self.subject,
-                "runbook": self.runbook}
+        # not asdict(): the same dict without its deep copy of every field (1,000+ verdicts in a doctor
+        # cluster report); the only mutable field is the evidence list of strings
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["evidence"] = list(self.evidence)
+        return out
 
 
 @dataclass
