@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -35,6 +33,7 @@ from hami_agent.scheduler.leadership import URL_ANNOTATION
 from tests.gpusim import gpusim_state as gs
 from tests.gpusim.fixtures import BIN_DIR, build_lib
 from tests.sim.kube_scheduler import KubeSchedulerSim
+from tests.sim.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_NS, LEASE_NAME = "kube-system", "hami-scheduler"
@@ -58,23 +57,6 @@ class Settings:
     audit_interval_s: float = 5.0  # production 60 s
     register_interval_s: float = 1.0
     verbosity: int = 3
-
-
-_PORTS = random.Random()
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768+ by default): a port the kernel hands out
-    for bind(0) can be taken by any outgoing connection before the agent binds it."""
-    for _ in range(200):
-        port = _PORTS.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000 after 200 tries")
 
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:

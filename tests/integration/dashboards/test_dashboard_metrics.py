@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from hami_agent.protocol import keys
 from tests.integration.scheduler.cluster import gpu_node, gpu_pod, stack
 from tests.shrreg.helpers import stop
 from tests.sim.kubelet import SimulatedKubelet
+from tests.sim.ports import free_port
 from tests.unit.deviceplugin.fakes import ctr, hami_pod
 from tests.unit.shrreg.builder import MIB, build
 
@@ -72,12 +72,6 @@ def test_metric_names_are_read_from_queries():
         == {"x_bucket"}
     assert metric_names("100 * sum by (n) (a{n=~\"$node\"}) / sum by (n) (b)") == {"a", "b"}
     assert metric_names("label_values(GPUDeviceMemoryLimit, nodeid)") == {"GPUDeviceMemoryLimit", "nodeid"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(url: str) -> set[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ import pytest
 from hami_agent.protocol import decode_node_devices, keys
 from tests.gpusim import gpusim_state as gs
 from tests.integration.deviceplugin.conftest import NODE
+from tests.sim.ports import free_port
 from tests.unit.deviceplugin.fakes import ctr, hami_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 GPU = "nvidia.com/gpu"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str) -> tuple[int, str]:

@@ -1,7 +1,6 @@
 """hami-agent monitor as a process: HTTP /metrics from C-written regions, live changes, pod names, SIGTERM."""
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,16 +10,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.shrreg.helpers import MIB, Mk, uuid_for
+from tests.sim.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 UID = "7d0c0f3e-5555-4000-8000-000000000001"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port):

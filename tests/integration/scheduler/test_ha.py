@@ -10,7 +10,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod
 from tests.integration.scheduler.test_trust import create, filter_, wait_for
 from tests.sim.kube_scheduler import ExtenderClient, KubeSchedulerSim
 from tests.sim.kube_scheduler_allocator import AllocatorStub
+from tests.sim.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -61,12 +61,6 @@ def replicas(api, n: int = 2, **leader_kw) -> Iterator[list[SchedulerApp]]:
 
 def leader_of(apps: list[SchedulerApp]) -> SchedulerApp | None:
     return next((a for a in apps if a.gate.wait_ready(0)), None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ready(url: str) -> bool:

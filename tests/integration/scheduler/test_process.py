@@ -8,7 +8,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,9 @@ import pytest
 
 from hami_agent.protocol import keys
 from tests.integration.scheduler.cluster import gpu_node, gpu_pod, stack
+from tests.sim.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 20.0) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ import pytest
 
 from hami_agent.k8s.client import KubeClient, RetryPolicy
 from hami_agent.k8s.errors import KubeError
+from tests.sim.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_apiserver_main_with_identities(tmp_path: Path) -> None:
