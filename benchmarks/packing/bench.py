@@ -34,6 +34,7 @@ import time
 
 from benchmarks.packing.exact import pod_fits_node
 from hami_agent.protocol import keys
+from hami_agent.scheduler.busy import BusyNodes
 from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.fit import pod_context
@@ -141,6 +142,8 @@ def replay(events: list, policy: str, check_refusals: bool, n_core: int, n_mig: 
     pods: dict[str, dict] = {}
     cfg = SchedulerConfig(node_policy=policy, gpu_policy=policy)
     ext = Extender(cache, cfg, cached_pods=lambda ns, name: pods.get(name))
+    # the trace admits a placed pod before the next one arrives: no node is busy at a decision
+    ext.busy = BusyNodes(claim_ttl_s=0.0)
     ext.synced.set()
     names = list(cache.nodes)
     heap: list[tuple[float, int, str]] = []
@@ -199,6 +202,7 @@ def cross_check(n: int, seed: int) -> tuple[int, int, int]:
         pods: dict[str, dict] = {}
         cfg = SchedulerConfig(node_policy="binpack", gpu_policy=rng.choice(("binpack", "spread")))
         ext = Extender(cache, cfg, cached_pods=lambda ns, name, pods=pods: pods.get(name))
+        ext.busy = BusyNodes(claim_ttl_s=0.0)  # one node: nothing to prefer anyway
         ext.synced.set()
         for j in range(8):
             pod = make_pod(k * 100 + j, rng)

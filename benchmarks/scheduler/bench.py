@@ -29,6 +29,7 @@ import threading
 import time
 
 from benchmarks.scheduler.trace import GPUS_PER_NODE
+from hami_agent.scheduler.busy import BusyNodes
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.gctune import settle_heap
 from hami_agent.scheduler.server import ExtenderHTTPServer
@@ -120,6 +121,8 @@ def bench_size(n_nodes: int, requests: list, seed: int = 1) -> dict:
     sink = EventSink(_NoApi(), "hami-scheduler")  # the production sink: 10 events/s, burst 50, 10,000 queued
     sink.start()
     ext = Extender(cache, SchedulerConfig(event_nodes=50), events=sink, cached_pods=cached_pod)
+    # no /bind follows here: each pod is taken as bound at once (kube-scheduler binds right after /filter)
+    ext.busy = BusyNodes(claim_ttl_s=0.0)
     ext.synced.set()
     cold_flags: list[bool] = []
     real_decide = UsageCache.decide

@@ -72,13 +72,25 @@ class SchedulerApp:
         self.sync.on_freed = self.requeue.freed
         # ... and before refusing, the few pods in the way are read back (scheduler/confirm.py)
         self.extender.gone_check = GoneCheck(self.cache, client)
-        # a /bind meeting a busy node lock waits for its release (scheduler/lockwait.py)
+        # a /bind meeting a busy node lock waits for its release (scheduler/lockwait.py), and /filter
+        # prefers nodes without one (scheduler/busy.py): both follow the node watch
         self.lock_waiter = None
+        watchers = [self.extender.busy]
         if self.config.bind_lock_wait_s > 0:
             self.lock_waiter = NodeLockWaiter(wait_s=self.config.bind_lock_wait_s)
             self.extender.binder.waiter = self.lock_waiter
-            self.sync.on_node_seen = self.lock_waiter.on_node
-            self.sync.on_node_gone = self.lock_waiter.on_node_delete
+            watchers.append(self.lock_waiter)
+
+        def node_seen(node: dict) -> None:
+            for w in watchers:
+                w.on_node(node)
+
+        def node_gone(node: dict) -> None:
+            for w in watchers:
+                w.on_node_delete(node)
+
+        self.sync.on_node_seen = node_seen
+        self.sync.on_node_gone = node_gone
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),
                                namespace_labels=self._namespace_labels)
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,

@@ -458,9 +458,11 @@ class UsageCache:
         return fit_node(st.devices, preq, ctx, st.extras, quota)
 
     def decide(self, names: list[str], preq: PodRequest, ctx: PodContext,
-               quota: QuotaBudget | None = None, event_nodes: int = 50, pod_name: str = "") -> Decision:
+               quota: QuotaBudget | None = None, event_nodes: int = 50, pod_name: str = "",
+               avoid: set[str] | frozenset[str] = frozenset()) -> Decision:
         """Pick the node for a pod among ``names`` (reference §4.3 steps 2-4). Call under ``lock``
-        together with :meth:`reserve` to make decide+reserve atomic."""
+        together with :meth:`reserve` to make decide+reserve atomic. ``avoid``: nodes taken only when no
+        other candidate fits (scheduler/busy.py: a pod is being admitted there)."""
         self._last_decide = time.monotonic()
         with self.lock:
             try:
@@ -483,11 +485,11 @@ class UsageCache:
                 todo = m.dirty & names_set if len(m.dirty) <= EAGER_DIRTY else m.dirty  # known nodes only
                 if len(todo) <= EAGER_DIRTY:
                     self._fit_into(m, todo, preq, ctx, exact)
-                    best = self._best_fitted(m, names_set, spread, preq, ctx)
+                    best = self._best_fitted(m, names_set, spread, preq, ctx, avoid)
                     if best is not None and (event_nodes or log.enabled(logger, 2)):
                         pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 else:
-                    best = self._walk(m, names_set, spread, preq, ctx, exact)
+                    best = self._walk(m, names_set, spread, preq, ctx, exact, avoid)
                     if best is not None and (event_nodes or log.enabled(logger, 2)):
                         pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
@@ -501,7 +503,8 @@ class UsageCache:
                         for n in names_set & self.nodes.keys()}
                 ok_of = {n for n, r in fits.items() if r.ok}
                 pick = min if spread else max
-                best = pick(ok_of, key=self._rank.__getitem__) if ok_of else None
+                free = ok_of - avoid if avoid else ok_of
+                best = pick(free or ok_of, key=self._rank.__getitem__) if ok_of else None
             if log.enabled(logger, 4):
                 for n in names:
                     log.v(logger, 4, "Filtering node %s for pod %s", n, pod_name)
@@ -557,19 +560,23 @@ class UsageCache:
         return r.ok
 
     def _best_fitted(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest,
-                     ctx: PodContext) -> str | None:
-        """The best node among the fitting ones in the memo (every candidate decided)."""
+                     ctx: PodContext, avoid: set[str] | frozenset[str] = frozenset()) -> str | None:
+        """The best node among the fitting ones in the memo (every candidate decided), outside ``avoid``
+        when one fits there."""
         while True:
             walk = m.order if spread else reversed(m.order)
-            best = next((k[1] for k in walk if k[1] in names), None)
+            best = next((k[1] for k in walk if k[1] in names and k[1] not in avoid), None)
+            if best is None and avoid:
+                avoid = frozenset()  # every fitting candidate is avoided: the best of them
+                continue
             if best is None or self._picked(m, best, preq, ctx):
                 return best
 
     def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext,
-              exact: bool) -> str | None:
-        """Best-first over the candidates' rank: decide dirty candidates until one fits (it is the best).
-        Candidates: the names the capacity index admits; when they are few, they are sorted by rank
-        instead of walking every node's rank."""
+              exact: bool, avoid: set[str] | frozenset[str] = frozenset()) -> str | None:
+        """Best-first over the candidates' rank: decide dirty candidates until one fits outside ``avoid``
+        (it is the best), else the best fitting one inside it. Candidates: the names the capacity index
+        admits; when they are few, they are sorted by rank instead of walking every node's rank."""
         cand = self._capacity.candidates(preq)
         for profile, _n in preq.mig:  # static MIG resources: only nodes that offer the profile
             offer = self._static_mig.get(profile, set())
@@ -582,6 +589,7 @@ class UsageCache:
         else:
             order = self._order if spread else reversed(self._order)
         dirty, fits, nodes = m.dirty, m.fits, self.nodes
+        fallback = None
         for key in order:
             n = key[1]
             if n not in names:
@@ -591,8 +599,10 @@ class UsageCache:
                 dirty.discard(n)
             r = fits.get(n)
             if r is not None and r.ok and self._picked(m, n, preq, ctx):
-                return n
-        return None
+                if n not in avoid:
+                    return n
+                fallback = fallback or n
+        return fallback
 
     def _count_fits(self, dec: Decision, m: _Memo, names: set[str], spread: bool, event_nodes: int,
                     best: str) -> None:

@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=parse_duration(os.environ.get("HAMI_NODELOCK_EXPIRE", "5m")),
                    help="node lock expiry (Go duration; env HAMI_NODELOCK_EXPIRE; default 5m)")
     p.add_argument("--node-scheduler-policy", choices=NODE_POLICIES, default=DEFAULT_NODE_POLICY)
+    p.add_argument("--strict-node-order", action="store_true",
+                   help="choose the best node by policy even while another pod is being admitted there "
+                        "(HAMi's choice; its /bind then waits for the node lock). Default: prefer a node "
+                        "that fits and has no admission under way")
     p.add_argument("--gpu-scheduler-policy", default=DEFAULT_GPU_POLICY,
                    help=f"{'|'.join(GPU_POLICIES)}, or a chain such as binpack,numa")
     p.add_argument("--default-mem", type=int, default=None,
@@ -130,7 +134,8 @@ def build_config(args: argparse.Namespace):
         force_overwrite_default_scheduler=args.force_overwrite_default_scheduler == "true",
         gpu_core_policy=getattr(nv, "gpu_core_policy", "default") if nv else "default",
         overwrite_env=bool(getattr(nv, "overwrite_env", False)) if nv else False,
-        runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "", dra=dra)
+        runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "", dra=dra,
+        avoid_busy_nodes=not args.strict_node_order)
 
 
 def _csv(value: str) -> tuple[str, ...]:

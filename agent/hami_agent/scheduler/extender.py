@@ -32,6 +32,7 @@ from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler import events as ev
 from hami_agent.scheduler.args import BadRequest, FilterArgs, field_ci, parse_bind_args, parse_filter_args
 from hami_agent.scheduler.binder import Binder, definitive
+from hami_agent.scheduler.busy import BusyNodes
 from hami_agent.scheduler.cache import UsageCache, collapse, mig_reservations
 from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.fit import PodContext, QuotaBudget, pod_context
@@ -71,6 +72,9 @@ class SchedulerConfig:
     # a /bind that meets a node lock held by a pod still being allocated waits this long for its release
     # (scheduler/lockwait.py; kube-scheduler's extender httpTimeout is 30 s); 0: fail at once, as HAMi
     bind_lock_wait_s: float = 15.0
+    # /filter prefers a fitting node where no other pod is being admitted (scheduler/busy.py); False: the
+    # best node by policy alone, as HAMi (its /bind then waits for the node lock)
+    avoid_busy_nodes: bool = True
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
@@ -122,6 +126,8 @@ class Extender:
         self.requeue: Any = None  # scheduler/requeue.py Requeuer: told when /filter finds no node
         # scheduler/confirm.py GoneCheck: before a refusal, are the few pods in the way still there?
         self.gone_check: Any = None
+        # nodes with a pod between /filter and Allocate (scheduler/busy.py); fed by the node watch
+        self.busy = BusyNodes()
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict) -> dict:
@@ -169,6 +175,7 @@ class Extender:
         ns, name, uid = fa.namespace, fa.name, fa.uid
         limits = self._quota_limits(ns)  # API read (cached) outside the lock
         simulate = fa.nodes is not None
+        avoid = self.busy.nodes() if self.config.avoid_busy_nodes and not simulate else frozenset()
         given = self._given_nodes(fa.nodes) if simulate else []
         encoded = vtime = mig = ""
         with self.cache.lock:
@@ -179,7 +186,8 @@ class Extender:
                 dec = self.cache.simulate(given, preq, ctx, quota)
             else:
                 dec = self.cache.decide(fa.names, preq, ctx, quota,
-                                        self.config.event_nodes if self.events else 0, pod_name=name)
+                                        self.config.event_nodes if self.events else 0, pod_name=name,
+                                        avoid=avoid)
             if dec.node is not None and not simulate:
                 encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
                 mig = mig_allocations_value(dec.fit.containers)
@@ -229,6 +237,7 @@ class Extender:
                 self._count("filter", "error")
                 return self._result(error=err)
         self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
+        self.busy.claim(dec.node, uid)
         self._count("filter", "scheduled")
         if self.events:
             n_names = len(fa.names)
@@ -321,7 +330,12 @@ class Extender:
         if not self.gate.wait_ready(self.config.sync_timeout_s):
             return {"Error": "this extender just became leader and is still reading the cluster's "
                              "allocations: kube-scheduler will retry"}
-        return self.binder.bind(b)
+        out = self.binder.bind(b)
+        if isinstance(out, Future):
+            out.add_done_callback(lambda _f: self.busy.settle(b.uid))
+        else:
+            self.busy.settle(b.uid)
+        return out
 
     def _quota_budget(self, ns: str) -> QuotaBudget | None:
         return self._budget(ns, self._quota_limits(ns))

@@ -73,10 +73,13 @@ def test_unschedulable_reasons_in_events(api_server):
 def test_binpack_and_spread_node_policies(api_server):
     for n in ("gpu-a", "gpu-b"):
         api_server.create(gpu_node(n, gpus=1, mem=10000))
-    with stack(api_server) as (_app, sim):
+    with stack(api_server) as (app, sim):
         api_server.create(gpu_pod("first", mem=1000))
         assert sim.wait_idle(10, expect_bound=1)
         first = sim.bound["default/first"]
+        # first's admission is over (its lock released, as the extender's node watch shows): else the
+        # extender would prefer the other node while first is admitted (scheduler/busy.py)
+        assert wait_for(lambda: not app.extender.busy.nodes())
         api_server.create(gpu_pod("second", mem=1000))  # binpack (default): same node
         assert sim.wait_idle(10, expect_bound=2)
         assert sim.bound["default/second"] == first

@@ -62,6 +62,8 @@ def test_durations_and_flags():
     cfg = build_config(args)
     assert cfg.node_policy == "spread" and cfg.names.default_memory == 1024
     assert cfg.node_lock_timeout_s == 120 and cfg.scheduler_name == "hami-scheduler"
+    assert cfg.avoid_busy_nodes  # the default: prefer a node without an admission under way
+    assert not build_config(p.parse_args(["--strict-node-order"])).avoid_busy_nodes
 
 
 def test_audit_interval_flag():
