@@ -9,8 +9,9 @@ Two cases, each run with the extender and again with it switched off (kube-sched
   time from the first create to the last pod ``Running``; goal <= 10 s.
 * ``fleet``: 1,000 such pods over 100 nodes (node hosts in processes of their own): pods/s from the first
   create to the last ``Running``; goal >= 50 % of the extender-off run. Run a third time with the
-  extender's node policy ``spread`` (the default ``binpack`` sends consecutive pods to the same node,
-  whose node lock then serializes their bindings).
+  extender's node policy ``spread``, and a fourth with ``--strict-node-order`` (HAMi's node choice: binpack
+  sends consecutive pods to the same node even while one is admitted there, and its node lock then
+  serializes their bindings; by default the extender prefers another node that fits, scheduler/busy.py).
 
 The node-lock hold time is measured from the lock's appearance on the Node (the extender's /bind) to its
 removal (the device plugin's Allocate released it), as seen by a watch on the nodes; the extender-off run
@@ -65,9 +66,10 @@ class _VerbTimes:
 
 
 def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float,
-             node_policy: str = "binpack") -> dict[str, Any]:
+             node_policy: str = "binpack", strict: bool = False) -> dict[str, Any]:
     cluster = SimCluster(n_nodes, extender=extender, hosts=hosts,
-                         config=SchedulerConfig(event_nodes=5, node_policy=node_policy))
+                         config=SchedulerConfig(event_nodes=5, node_policy=node_policy,
+                                                avoid_busy_nodes=not strict))
     verbs = _VerbTimes()
     try:
         t_setup = time.monotonic()
@@ -86,6 +88,7 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
         holds = cluster.lock_holds()
         sim = cluster.sim
         return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "policy": node_policy,
+                "strict_node_order": strict,
                 "all_running": ok,
                 "running": len(done), "failed": len(cluster.failed), "wall_s": wall, "create_s": created_s,
                 "pods_per_s": len(done) / wall if wall > 0 else 0.0, "setup_s": setup_s,
@@ -116,7 +119,13 @@ def figures(job: dict[str, dict], fleet: dict[str, dict]) -> list[tuple[str, str
     ] + ([("e2e: the same with --node-scheduler-policy spread, pods/s vs extender off",
            f"{fleet['spread']['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = "
            f"{fleet['spread']['pods_per_s'] / fb['pods_per_s'] if fb['pods_per_s'] else 0:.0%}", "-", True)]
-         if "spread" in fleet else [])
+         if "spread" in fleet else []) + ([
+        ("e2e: the same with --strict-node-order (HAMi's node choice), pods/s vs extender off",
+         f"{fleet['strict']['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = "
+         f"{fleet['strict']['pods_per_s'] / fb['pods_per_s'] if fb['pods_per_s'] else 0:.0%}; lock hold p50 "
+         f"{fleet['strict']['lock_p50_ms']:.0f} ms, /bind p50 {fleet['strict']['bind_p50_ms']:.0f} ms "
+         f"(default: {fo['bind_p50_ms']:.0f} ms)", "-", True)]
+         if "strict" in fleet else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     n_pods = args.pods or (200 if args.quick else 1000)
     job = {k: run_case(1, 40, extender=k == "on", hosts=0, timeout_s=60) for k in ("on", "off")}
     fleet = {k: run_case(n_nodes, n_pods, extender=k != "off", hosts=args.hosts, timeout_s=600,
-                         node_policy="spread" if k == "spread" else "binpack")
-             for k in ("on", "off", "spread")}
+                         node_policy="spread" if k == "spread" else "binpack", strict=k == "strict")
+             for k in ("on", "off", "spread", "strict")}
     SUMMARY[:] = figures(job, fleet)
     if args.json:
         print(json.dumps({"job40": job, "fleet": fleet, "figures": SUMMARY}, indent=2))

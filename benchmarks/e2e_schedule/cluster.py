@@ -19,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from hami_agent.scheduler.app import SchedulerApp
 from hami_agent.scheduler.extender import SchedulerConfig
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kubelet import SimulatedKubelet
+from tests.sim.ports import free_port
 from tests.unit.deviceplugin.fakes import FakeGpu, FakeSnapshot, FakeSource
 
 GPU = "nvidia.com/gpu"
@@ -340,14 +340,13 @@ class SimCluster:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
         hundred simulated nodes would charge their work to /filter)."""
         assert self.api is not None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         log = open(os.path.join(self.tmp, "extender.log"), "w")  # noqa: SIM115
         self.extender_proc = subprocess.Popen(
             [sys.executable, "-m", "hami_agent", "scheduler", "--kubeconfig", self.api.kubeconfig_path,
              "--bind-address", f"127.0.0.1:{port}", "--metrics-bind", "",
-             "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s"],
+             "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s"]
+            + ([] if self.config.avoid_busy_nodes else ["--strict-node-order"]),
             stdout=log, stderr=subprocess.STDOUT)
         self.extender_url = f"http://127.0.0.1:{port}"
 
