@@ -70,10 +70,12 @@ def test_budget_deadline_leaves_the_node_cordoned(monkeypatch) -> None:
         c.api.create(replicaset("trainer", 2))
         c.api.create(pdb("trainer", "trainer", maxUnavailable=0))
         assert c.wait(lambda: len(c.ready_pods("trainer")) == 2)
-        out = _run(c, monkeypatch, name="gpu-1", state="drain", timeout=3)
+        # a node with a trainer on it (the scheduler may have put both on one node)
+        drained = sorted(p["spec"]["nodeName"] for p in c.ready_pods("trainer"))[0]
+        out = _run(c, monkeypatch, name=drained, state="drain", timeout=3)
         assert out["failed"] and "still refused" in out["msg"]
         assert "The disruption budget trainer needs 2 healthy pods and has 2 currently" in out["msg"]
-        assert c.api.get("Node", None, "gpu-1")["spec"]["unschedulable"] is True
+        assert c.api.get("Node", None, drained)["spec"]["unschedulable"] is True
         assert len(c.ready_pods("trainer")) == 2
 
 
