@@ -8,18 +8,11 @@ import pytest
 
 from hami_agent.k8s import KubeClient
 from hami_agent.scheduler.events import COMBINED_PREFIX, EventCorrelator, EventSink
+from tests.clock import ManualClock
 from tests.sim.apiserver import ApiServer
 from tests.sim.fixtures import api_server  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _pod(api: ApiServer, name: str = "p") -> dict:
@@ -27,7 +20,7 @@ def _pod(api: ApiServer, name: str = "p") -> dict:
                        "spec": {"containers": [{"name": "c", "image": "x"}]}})
 
 
-def _sink(api: ApiServer, clock: Clock) -> tuple[KubeClient, EventSink]:
+def _sink(api: ApiServer, clock: ManualClock) -> tuple[KubeClient, EventSink]:
     kube = KubeClient.from_kubeconfig(api.kubeconfig_path)
     sink = EventSink(kube, "hami-scheduler", correlator=EventCorrelator(clock), qps=1000, burst=1000)
     sink.start()
@@ -35,7 +28,7 @@ def _sink(api: ApiServer, clock: Clock) -> tuple[KubeClient, EventSink]:
 
 
 def test_similar_events_are_aggregated_into_one(api_server: ApiServer) -> None:  # noqa: F811
-    clock = Clock()
+    clock = ManualClock(start=1000.0)
     kube, sink = _sink(api_server, clock)
     try:
         pod = _pod(api_server)
@@ -57,7 +50,7 @@ def test_similar_events_are_aggregated_into_one(api_server: ApiServer) -> None: 
 
 
 def test_identical_events_bump_the_count(api_server: ApiServer) -> None:  # noqa: F811
-    clock = Clock()
+    clock = ManualClock(start=1000.0)
     kube, sink = _sink(api_server, clock)
     try:
         pod = _pod(api_server)
@@ -72,7 +65,7 @@ def test_identical_events_bump_the_count(api_server: ApiServer) -> None:  # noqa
 
 
 def test_spam_filter_per_object_with_slow_refill() -> None:
-    clock = Clock()
+    clock = ManualClock(start=1000.0)
     c = EventCorrelator(clock)
     meta = {"namespace": "default", "name": "p", "uid": "u1"}
     verdicts = [c.correlate(meta, "Pod", "Warning", "FilteringFailed", "same", "hami-scheduler")
@@ -86,7 +79,7 @@ def test_spam_filter_per_object_with_slow_refill() -> None:
 
 
 def test_aggregation_window_restarts_after_ten_minutes() -> None:
-    clock = Clock()
+    clock = ManualClock(start=1000.0)
     c = EventCorrelator(clock)
     meta = {"namespace": "default", "name": "p", "uid": "u1"}
     for i in range(9):

@@ -16,6 +16,7 @@ from hami_agent.deviceplugin.podsource import MemoryPodSource, PodSourceError
 from hami_agent.deviceplugin.server import DeadlineExceeded, DeadlineRunner
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.protocol import keys
+from tests.clock import ManualClock
 from tests.unit.deviceplugin.fakes import (
     FakeSnapshot,
     ctr,
@@ -31,17 +32,9 @@ NODE = "gpu-1"
 U0 = gpu_uuid(0)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 # --------------------------------------------------------------------------------------- RpcBudget
 def test_call_timeouts_are_what_is_left_minus_the_reply_margin_capped_by_the_api_timeout():
-    clock = Clock()
+    clock = ManualClock()
     b = RpcBudget("Allocate", 2.0, reply_margin_s=0.1, commit_margin_s=0.25, api_timeout_s=1.0, clock=clock)
     assert b.call_timeout("get node") == pytest.approx(1.0)  # capped
     clock.t += 1.5
@@ -52,7 +45,7 @@ def test_call_timeouts_are_what_is_left_minus_the_reply_margin_capped_by_the_api
 
 
 def test_commit_is_not_started_without_the_safety_margin():
-    clock = Clock()
+    clock = ManualClock()
     b = RpcBudget("Allocate", 2.0, commit_margin_s=0.25, clock=clock)
     clock.t += 1.8
     wrote = []
@@ -114,7 +107,7 @@ def test_a_failed_write_is_abandoned_and_answered_as_an_error():
 
 
 def test_the_write_gets_all_the_remaining_budget_as_timeout():
-    clock = Clock()
+    clock = ManualClock()
     b = RpcBudget("Allocate", 2.0, reply_margin_s=0.1, api_timeout_s=1.0, clock=clock)
     clock.t += 0.3
     seen = []

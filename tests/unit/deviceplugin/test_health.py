@@ -3,17 +3,10 @@ import pytest
 from hami_agent.deviceplugin.devices import plan_resources
 from hami_agent.deviceplugin.health import HealthTracker
 from hami_agent.deviceplugin.settings import PluginSettings
+from tests.clock import ManualClock
 from tests.unit.deviceplugin.fakes import FakeSnapshot, full_gpus
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
 
 
 def plan(status="ok", gen=1, healthy=True):
@@ -29,7 +22,7 @@ def states(p):
 
 
 def test_unhealthy_at_once_healthy_only_after_quiet_period_and_fresh_probe():
-    clock = Clock()
+    clock = ManualClock()
     h = HealthTracker(quiet_s=30, clock=clock)
     assert states(h.apply(plan(gen=1), 1, True)) == [True, True]
     assert states(h.apply(plan("stuck", 2), 2, False)) == [False, False]
@@ -43,7 +36,7 @@ def test_unhealthy_at_once_healthy_only_after_quiet_period_and_fresh_probe():
 
 
 def test_no_recovery_without_a_successful_probe_newer_than_the_failure():
-    clock = Clock()
+    clock = ManualClock()
     h = HealthTracker(quiet_s=1, clock=clock)
     h.apply(plan("stuck", 5), 5, False)
     clock.t += 100
@@ -53,7 +46,7 @@ def test_no_recovery_without_a_successful_probe_newer_than_the_failure():
 
 
 def test_flapping_restarts_the_quiet_period():
-    clock = Clock()
+    clock = ManualClock()
     h = HealthTracker(quiet_s=10, clock=clock)
     h.apply(plan(healthy=False, gen=1), 1, True)
     clock.t += 8

@@ -5,20 +5,13 @@ from __future__ import annotations
 import pytest
 
 from hami_agent.k8s.ratelimit import DEFAULT_BURST, DEFAULT_QPS, RateLimiter
+from tests.clock import ManualClock
 
 pytestmark = pytest.mark.unit
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_burst_then_reservations_in_order() -> None:
-    clock = Clock()
+    clock = ManualClock()
     rl = RateLimiter(qps=2.0, burst=3, clock=clock)
     assert [rl.reserve(10) for _ in range(3)] == [0.0, 0.0, 0.0]
     # no token left: each caller reserves the next one, queued behind the previous reservation
@@ -28,7 +21,7 @@ def test_burst_then_reservations_in_order() -> None:
 
 
 def test_refill_is_capped_at_burst() -> None:
-    clock = Clock()
+    clock = ManualClock()
     rl = RateLimiter(qps=1.0, burst=2, clock=clock)
     rl.reserve(0)
     rl.reserve(0)
@@ -38,7 +31,7 @@ def test_refill_is_capped_at_burst() -> None:
 
 
 def test_a_wait_beyond_the_deadline_takes_nothing() -> None:
-    clock = Clock()
+    clock = ManualClock()
     rl = RateLimiter(qps=1.0, burst=1, clock=clock)
     assert rl.reserve(0) == 0.0
     assert rl.reserve(0.5) is None and rl.refused == 1  # would need 1 s
@@ -47,7 +40,7 @@ def test_a_wait_beyond_the_deadline_takes_nothing() -> None:
 
 
 def test_try_accept_never_waits() -> None:
-    rl = RateLimiter(qps=1 / 300, burst=2, clock=Clock())
+    rl = RateLimiter(qps=1 / 300, burst=2, clock=ManualClock())
     assert rl.try_accept() and rl.try_accept() and not rl.try_accept()
 
 

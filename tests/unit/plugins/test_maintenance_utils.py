@@ -10,6 +10,8 @@ import pytest
 from ansible_collections.hami.node.plugins.module_utils import _hami
 from ansible_collections.hami.node.plugins.module_utils import _maintenance as m
 
+from tests.clock import ManualClock
+
 pytestmark = pytest.mark.unit
 
 RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-1", "controller": True}
@@ -95,21 +97,8 @@ class FakeApi:
         self.events.append((node, type_, reason, message))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
-
-
-def engine(api: FakeApi, check_mode: bool = False) -> tuple[m.Maintenance, Clock]:
-    clock = Clock()
+def engine(api: FakeApi, check_mode: bool = False) -> tuple[m.Maintenance, ManualClock]:
+    clock = ManualClock(start=0.0)
     return m.Maintenance(api, "gpu-1", clock, clock.sleep, check_mode), clock
 
 

@@ -11,17 +11,10 @@ from hami_agent.scheduler.cache import EAGER_DIRTY, UsageCache
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.fit import PodContext, QuotaBudget
 from hami_agent.scheduler.model import DeviceAmount, PodUsage
+from tests.clock import ManualClock
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod, preq, req
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def node(name: str, lock: str | None = None) -> dict:
@@ -29,7 +22,7 @@ def node(name: str, lock: str | None = None) -> dict:
 
 
 def test_a_claim_makes_a_node_busy_until_its_bind_settles_or_it_expires() -> None:
-    clock = Clock()
+    clock = ManualClock()
     b = BusyNodes(claim_ttl_s=5, clock=clock)
     b.claim("n1", "u1")
     b.claim("n1", "u2")

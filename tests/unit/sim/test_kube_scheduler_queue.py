@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.clock import ManualClock
 from tests.sim import kube_scheduler_queue as qu
 
 pytestmark = pytest.mark.unit
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def q() -> qu.SchedulingQueue:
-    return qu.SchedulingQueue(clock=Clock())
+    return qu.SchedulingQueue(clock=ManualClock(start=1000.0))
 
 
 def _attempt(q: qu.SchedulingQueue, key: str = "ns/p") -> qu.QueuedPod:
