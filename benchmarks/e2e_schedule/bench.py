@@ -102,30 +102,36 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
         cluster.stop()
 
 
+def _share(case: dict, off: dict) -> float:
+    return case["pods_per_s"] / off["pods_per_s"] if off["pods_per_s"] else 0.0
+
+
+def _vs_off(case: dict, off: dict) -> str:
+    return f"{case['pods_per_s']:.1f} / {off['pods_per_s']:.1f} = {_share(case, off):.0%}"
+
+
 def figures(job: dict[str, dict], fleet: dict[str, dict]) -> list[tuple[str, str, str, bool]]:
     """(figure, value, goal, met) rows for ``make bench``'s summary table."""
     jo, jb = job["on"], job["off"]
     fo, fb = fleet["on"], fleet["off"]
-    ratio = fo["pods_per_s"] / fb["pods_per_s"] if fb["pods_per_s"] else 0.0
-    return [
+    rows = [
         (f"e2e: {jo['pods']}-pod job onto one 8-GPU node (split 10), all Running",
          f"{jo['wall_s']:.2f} s ({jo['running']}/{jo['pods']}; off: {jb['wall_s']:.2f} s)", "<= 10 s",
          jo["all_running"] and jo["wall_s"] <= 10.0),
-        (f"e2e: {fo['pods']} pods over {fo['nodes']} nodes, pods/s vs extender off",
-         f"{fo['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = {ratio:.0%}", ">= 50 %",
-         fo["all_running"] and ratio >= 0.5),
+        (f"e2e: {fo['pods']} pods over {fo['nodes']} nodes, pods/s vs extender off", _vs_off(fo, fb),
+         ">= 50 %", fo["all_running"] and _share(fo, fb) >= 0.5),
         (f"e2e: node-lock hold p50 / p99 ({fo['nodes']} nodes)",
          f"{fo['lock_p50_ms']:.0f} / {fo['lock_p99_ms']:.0f} ms", "-", True),
-    ] + ([("e2e: the same with --node-scheduler-policy spread, pods/s vs extender off",
-           f"{fleet['spread']['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = "
-           f"{fleet['spread']['pods_per_s'] / fb['pods_per_s'] if fb['pods_per_s'] else 0:.0%}", "-", True)]
-         if "spread" in fleet else []) + ([
-        ("e2e: the same with --strict-node-order (HAMi's node choice), pods/s vs extender off",
-         f"{fleet['strict']['pods_per_s']:.1f} / {fb['pods_per_s']:.1f} = "
-         f"{fleet['strict']['pods_per_s'] / fb['pods_per_s'] if fb['pods_per_s'] else 0:.0%}; lock hold p50 "
-         f"{fleet['strict']['lock_p50_ms']:.0f} ms, /bind p50 {fleet['strict']['bind_p50_ms']:.0f} ms "
-         f"(default: {fo['bind_p50_ms']:.0f} ms)", "-", True)]
-         if "strict" in fleet else [])
+    ]
+    if "spread" in fleet:
+        rows.append(("e2e: the same with --node-scheduler-policy spread, pods/s vs extender off",
+                     _vs_off(fleet["spread"], fb), "-", True))
+    if "strict" in fleet:
+        st = fleet["strict"]
+        rows.append(("e2e: the same with --strict-node-order (HAMi's node choice), pods/s vs extender off",
+                     f"{_vs_off(st, fb)}; lock hold p50 {st['lock_p50_ms']:.0f} ms, /bind p50 "
+                     f"{st['bind_p50_ms']:.0f} ms (default: {fo['bind_p50_ms']:.0f} ms)", "-", True))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
