@@ -22,16 +22,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _grouping_task() -> dict:
-    plan_play = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())[0]
-    [task] = [t for t in plan_play["tasks"] if t["name"].startswith("Plan | group the nodes")]
-    return task
-
-
-def _rollout_hosts_pattern() -> str:
+def _site_parts() -> tuple[dict, str]:
+    """The grouping task of site.yml's plan play and the host pattern of its rollout play."""
     plays = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
+    [task] = [t for t in plays[0]["tasks"] if t["name"].startswith("Plan | group the nodes")]
     [play] = [p for p in plays if str(p.get("name", "")).startswith("GPU nodes with a disruptive change")]
-    return play["hosts"]
+    return task, play["hosts"]
 
 
 def test_batches_follow_the_inventory_not_the_order_plans_finish(tmp_path: Path) -> None:
@@ -45,11 +41,11 @@ def test_batches_follow_the_inventory_not_the_order_plans_finish(tmp_path: Path)
     inv.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {
         h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **v, **slow}
         for h, v in hosts.items()}}}}}))
-    plan = [_grouping_task()]
+    grouping, rollout_hosts = _site_parts()
     book = tmp_path / "order.yml"
     book.write_text(yaml.safe_dump([
-        {"name": "plan", "hosts": "gpu_nodes", "gather_facts": False, "tasks": plan},
-        {"name": "roll", "hosts": _rollout_hosts_pattern(), "gather_facts": False, "serial": 1,
+        {"name": "plan", "hosts": "gpu_nodes", "gather_facts": False, "tasks": [grouping]},
+        {"name": "roll", "hosts": rollout_hosts, "gather_facts": False, "serial": 1,
          "tasks": [{"name": "batch", "ansible.builtin.debug": {"msg": "ROLL {{ inventory_hostname }}"}}]},
         {"name": "quiet", "hosts": "site_rollout_quiet", "gather_facts": False,
          "tasks": [{"name": "quiet", "ansible.builtin.debug": {"msg": "QUIET {{ inventory_hostname }}"}}]},
