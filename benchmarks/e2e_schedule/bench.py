@@ -66,16 +66,17 @@ class _VerbTimes:
 
 
 def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float,
-             node_policy: str = "binpack", strict: bool = False) -> dict[str, Any]:
+             node_policy: str = "binpack", strict: bool = False, sync_write: bool = False) -> dict[str, Any]:
     cluster = SimCluster(n_nodes, extender=extender, hosts=hosts,
                          config=SchedulerConfig(event_nodes=5, node_policy=node_policy,
-                                                avoid_busy_nodes=not strict))
+                                                avoid_busy_nodes=not strict, write_behind=not sync_write))
     verbs = _VerbTimes()
     try:
         t_setup = time.monotonic()
         cluster.start()
         setup_s = time.monotonic() - t_setup
         with verbs:
+            cpu0 = cluster.cpu_seconds()
             t0 = time.monotonic()
             keys_ = cluster.create_pods("job", n_pods)
             created_s = time.monotonic() - t0
@@ -84,11 +85,13 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
             done = [cluster.running_at[k] for k in keys_ if k in cluster.running_at]
         last = max(done) if done else time.monotonic()
         wall = last - t0
+        cpu = {k: v - cpu0[k] for k, v in cluster.cpu_seconds().items()}
         time.sleep(0.5)  # the last lock release reaches the observer's watch
         holds = cluster.lock_holds()
         sim = cluster.sim
         return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "policy": node_policy,
-                "strict_node_order": strict,
+                "strict_node_order": strict, "sync_filter_write": sync_write,
+                "cpu_ms_per_pod": {k: v * 1e3 / max(1, len(done)) for k, v in cpu.items()},
                 "all_running": ok,
                 "running": len(done), "failed": len(cluster.failed), "wall_s": wall, "create_s": created_s,
                 "pods_per_s": len(done) / wall if wall > 0 else 0.0, "setup_s": setup_s,
@@ -126,6 +129,12 @@ def figures(job: dict[str, dict], fleet: dict[str, dict]) -> list[tuple[str, str
     if "spread" in fleet:
         rows.append(("e2e: the same with --node-scheduler-policy spread, pods/s vs extender off",
                      _vs_off(fleet["spread"], fb), "-", True))
+    if "sync-write" in fleet:
+        sw = fleet["sync-write"]
+        rows.append(("e2e: the same with --sync-filter-write (/filter answers after its write, as HAMi), "
+                     "pods/s vs extender off",
+                     f"{_vs_off(sw, fb)}; /filter p50 {sw['filter_p50_ms']:.1f} ms (default: "
+                     f"{fo['filter_p50_ms']:.1f} ms)", "-", True))
     if "strict" in fleet:
         st = fleet["strict"]
         rows.append(("e2e: the same with --strict-node-order (HAMi's node choice), pods/s vs extender off",
@@ -146,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     n_pods = args.pods or (200 if args.quick else 1000)
     job = {k: run_case(1, 40, extender=k == "on", hosts=0, timeout_s=60) for k in ("on", "off")}
     fleet = {k: run_case(n_nodes, n_pods, extender=k != "off", hosts=args.hosts, timeout_s=600,
-                         node_policy="spread" if k == "spread" else "binpack", strict=k == "strict")
-             for k in ("on", "off", "spread", "strict")}
+                         node_policy="spread" if k == "spread" else "binpack", strict=k == "strict",
+                         sync_write=k == "sync-write")
+             for k in ("on", "off", "spread", "strict", "sync-write")}
     SUMMARY[:] = figures(job, fleet)
     if args.json:
         print(json.dumps({"job40": job, "fleet": fleet, "figures": SUMMARY}, indent=2))
@@ -166,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['filter_p50_ms']:>8.1f}ms {r['bind_p50_ms']:>6.1f}ms")
             for m in r["refusal_sample"]:
                 print(f"          refused: {m}")
+            cpu = r["cpu_ms_per_pod"]
+            print("          CPU ms per pod: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+                  + f" (all {sum(cpu.values()):.1f})")
     for name, value, goal, ok in SUMMARY:
         print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
     return 0

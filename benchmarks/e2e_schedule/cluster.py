@@ -336,6 +336,26 @@ class SimCluster:
             logs = [open(os.path.join(d, "host.log")).read()[-1500:] for d in dirs]
             raise RuntimeError(f"node hosts did not come up: {logs}")
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system, s) used so far by each part of the simulated cluster: the API server,
+        the extender, the node hosts (device plugins, kubelet simulators) and this process (the
+        kube-scheduler simulator and the benchmark's observers). Linux ``/proc/<pid>/stat``."""
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu(pid: int) -> float:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return 0.0
+            return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+        out = {"apiserver": cpu(self.api.proc.pid) if self.api else 0.0,
+               "extender": cpu(self.extender_proc.pid) if self.extender_proc else 0.0,
+               "node hosts": sum(cpu(p.pid) for p in self.host_procs),
+               "kube-scheduler sim": cpu(os.getpid())}
+        return out
+
     def _start_extender(self) -> None:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
         hundred simulated nodes would charge their work to /filter)."""
@@ -346,7 +366,8 @@ class SimCluster:
             [sys.executable, "-m", "hami_agent", "scheduler", "--kubeconfig", self.api.kubeconfig_path,
              "--bind-address", f"127.0.0.1:{port}", "--metrics-bind", "",
              "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s"]
-            + ([] if self.config.avoid_busy_nodes else ["--strict-node-order"]),
+            + ([] if self.config.avoid_busy_nodes else ["--strict-node-order"])
+            + ([] if self.config.write_behind else ["--sync-filter-write"]),
             stdout=log, stderr=subprocess.STDOUT)
         self.extender_url = f"http://127.0.0.1:{port}"
 

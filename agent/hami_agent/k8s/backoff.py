@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+_SHARED_RNG = random.Random()
+
 
 @dataclass
 class Backoff:
@@ -17,7 +19,9 @@ class Backoff:
     jitter: float = 0.5
     steps: int = 5
     cap_s: float = 30.0
-    rng: random.Random = field(default_factory=random.Random, repr=False)
+    # one generator for all backoffs: a Backoff is made per API call, and seeding a new Random from
+    # os.urandom cost more than the rest of the call's client-side bookkeeping (random() is thread-safe)
+    rng: random.Random = field(default_factory=lambda: _SHARED_RNG, repr=False)
     _current: float = field(default=-1.0, init=False, repr=False)
     _taken: int = field(default=0, init=False, repr=False)
 

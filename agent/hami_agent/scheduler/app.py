@@ -174,6 +174,7 @@ class SchedulerApp:
         self.requeue.stop()
         if self.lock_waiter is not None:
             self.lock_waiter.stop()
+        self.extender.writer.stop()  # queued assignment writes finish (each bounded by its API timeout)
         self.healer.stop()
         self.events.stop()
         if self.gate.forwarder is not None:

@@ -128,7 +128,7 @@ class Binder:
         except (PodRefused, RequestError) as exc:
             return self._refuse(b, str(exc))
         except KubeError as exc:
-            return self._fail(b, None, f"cannot read the pod: {exc}")
+            return self.fail(b, None, f"cannot read the pod: {exc}")
         if preq.empty:
             return pod, None
         rec = self.decisions.get(b.uid)
@@ -152,12 +152,12 @@ class Binder:
         except NodeLockError as exc:  # nothing written, or the lock is someone else's
             if self.waiter is not None and exc.holder and CONTENTION in str(exc):
                 return self._wait_for_lock(b, exc)
-            return self._fail(b, pod, str(exc))
+            return self.fail(b, pod, str(exc))
         except NotLeader as exc:
-            return self._fail(b, pod, str(exc))
+            return self.fail(b, pod, str(exc))
         except KubeError as exc:  # the lock write may have been applied: release it if it is ours
             self._release_later(b)
-            return self._fail(b, pod, f"node lock: {exc}")
+            return self.fail(b, pod, f"node lock: {exc}")
         try:
             self.gate.check(f"{keys.BIND_PHASE}")
             self.wclient.patch_pod_metadata(b.namespace, b.name, annotations={
@@ -165,7 +165,7 @@ class Binder:
                 resource_version=_rv(pod))
         except (NotLeader, KubeError) as exc:  # no binding was sent: the pod cannot need the lock
             self.release(b, value)
-            return self._fail(b, pod, f"patch pod {keys.BIND_PHASE}: {exc}")
+            return self.fail(b, pod, f"patch pod {keys.BIND_PHASE}: {exc}")
         return self._finish_binding(b, pod, value)
 
     def _wait_for_lock(self, b: BindArgs, busy: NodeLockError) -> dict | Future:
@@ -177,7 +177,7 @@ class Binder:
         def resume(timed_out: bool) -> None:
             try:
                 if timed_out:
-                    out: dict | Future = self._fail(b, None, str(busy))
+                    out: dict | Future = self.fail(b, None, str(busy))
                 else:
                     checked = self._checked(b, fresh=True)  # the pod may have changed while it waited
                     out = checked if isinstance(checked, dict) else self._bind_gpu_pod(b, *checked)
@@ -193,7 +193,7 @@ class Binder:
             fut.set_result(out)
 
         if not self.waiter.wait(b.node, self.waiter.lock_of(b.node), resume):
-            return self._fail(b, None, f"{busy} (and too many binds are already waiting)")
+            return self.fail(b, None, f"{busy} (and too many binds are already waiting)")
         return fut
 
     def _finish_binding(self, b: BindArgs, pod: dict, lock_value: str | None) -> dict:
@@ -205,7 +205,7 @@ class Binder:
                 return self._bound(b, pod)
             except NotLeader as exc:
                 self._unbound(b, lock_value)
-                return self._fail(b, pod, str(exc))
+                return self.fail(b, pod, str(exc))
             except KubeError as exc:
                 err = exc
             try:
@@ -220,16 +220,16 @@ class Binder:
                 return self._bound(b, pod)
             if where is not None and where != "":  # bound elsewhere, or gone: provably not on our node
                 self._unbound(b, lock_value)
-                return self._fail(b, pod, str(err))
+                return self.fail(b, pod, str(err))
             if where == "" and definitive(err):
                 self._unbound(b, lock_value)
-                return self._fail(b, pod, str(err))
+                return self.fail(b, pod, str(err))
             if where is None or attempt == 2:
                 break  # unknown: resolve in the background
             logger.warning("pod %s/%s: binding answer lost (%s) and the pod is not bound yet: sending the "
                            "binding again", b.namespace, b.name, err.summary)
         self._mark_in_doubt(b, lock_value)
-        return self._fail(b, pod, f"the binding's outcome is unknown ({err.summary}); the node lock is "
+        return self.fail(b, pod, f"the binding's outcome is unknown ({err.summary}); the node lock is "
                                   "kept until it is resolved in the background")
 
     def _bound_where(self, b: BindArgs) -> str:
@@ -258,7 +258,7 @@ class Binder:
         self._count("bind", "refused")
         return {"Error": msg}
 
-    def _fail(self, b: BindArgs, pod: dict | None, msg: str) -> dict:
+    def fail(self, b: BindArgs, pod: dict | None, msg: str) -> dict:
         logger.error("bind pod %s/%s to node %s failed: %s", b.namespace, b.name, b.node, msg)
         self._count("bind", "error")
         if self.events:

@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="choose the best node by policy even while another pod is being admitted there "
                         "(HAMi's choice; its /bind then waits for the node lock). Default: prefer a node "
                         "that fits and has no admission under way")
+    p.add_argument("--sync-filter-write", action="store_true",
+                   help="answer /filter only after the pod's assignment annotations are written (HAMi's "
+                        "order). Default: answer once the decision is reserved, write in a bounded pool, and "
+                        "let /bind wait for the write")
     p.add_argument("--gpu-scheduler-policy", default=DEFAULT_GPU_POLICY,
                    help=f"{'|'.join(GPU_POLICIES)}, or a chain such as binpack,numa")
     p.add_argument("--default-mem", type=int, default=None,
@@ -135,7 +139,7 @@ def build_config(args: argparse.Namespace):
         gpu_core_policy=getattr(nv, "gpu_core_policy", "default") if nv else "default",
         overwrite_env=bool(getattr(nv, "overwrite_env", False)) if nv else False,
         runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "", dra=dra,
-        avoid_busy_nodes=not args.strict_node_order)
+        avoid_busy_nodes=not args.strict_node_order, write_behind=not args.sync_filter_write)
 
 
 def _csv(value: str) -> tuple[str, ...]:

@@ -13,7 +13,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,18 @@ class FilterDecision:
     node: str
     devices: str  # the pod device string written as vgpu-devices-to-allocate / -allocated
     vgpu_time: str
+    # write-behind (scheduler/writebehind.py): the assignment write, resolving to "" or its error; None
+    # when it was written before /filter answered
+    written: Future | None = field(default=None, compare=False)
+
+    def write_error(self) -> str | None:
+        """None while the write is in flight, "" once written, else why it failed."""
+        if self.written is None:
+            return ""
+        if not self.written.done():
+            return None
+        exc = self.written.exception()
+        return f"patch pod error: {exc!r}" if exc is not None else self.written.result()
 
 
 class DecisionLog:

@@ -44,6 +44,7 @@ from hami_agent.scheduler.podinfo import annotations, signature
 from hami_agent.scheduler.podstate import PodRefused, PodStates
 from hami_agent.scheduler.reconcile import APPLIED, NOT_APPLIED, Reconciler
 from hami_agent.scheduler.requests import RequestError, pod_request
+from hami_agent.scheduler.writebehind import WriteBehind
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ class SchedulerConfig:
     # /filter prefers a fitting node where no other pod is being admitted (scheduler/busy.py); False: the
     # best node by policy alone, as HAMi (its /bind then waits for the node lock)
     avoid_busy_nodes: bool = True
+    # /filter answers once its decision is reserved and writes the pod's assignment behind, in a bounded
+    # pool; /bind waits for that write (scheduler/writebehind.py). False: /filter answers after the write,
+    # as HAMi
+    write_behind: bool = True
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
@@ -128,9 +133,13 @@ class Extender:
         self.gone_check: Any = None
         # nodes with a pod between /filter and Allocate (scheduler/busy.py); fed by the node watch
         self.busy = BusyNodes()
+        self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
 
     # ----------------------------------------------------------------------------------- filter
-    def filter(self, args: dict) -> dict:
+    def filter(self, args: dict, *, write_behind: bool = False) -> dict:
+        """/filter. ``write_behind``: answer once the decision is reserved and let the assignment write run
+        behind (the HTTP route passes ``config.write_behind``: ``filter_route``); False: the answer reports
+        the write's outcome, as HAMi's Filter."""
         fa = parse_filter_args(args)
         if not self.gate.is_leader():
             self._count("filter", "forwarded")
@@ -157,6 +166,11 @@ class Extender:
             self._count("filter", "refused")
             return self._result(error=f"pod {ns}/{name}: an earlier binding of this pod is still being "
                                       "resolved; kube-scheduler will retry")
+        earlier = self.decisions.get(fa.uid)
+        if earlier is not None and earlier.write_error() is None:
+            self._count("filter", "refused")
+            return self._result(error=f"pod {ns}/{name}: the assignment of an earlier /filter of this pod is "
+                                      "still being written; kube-scheduler will retry")
         try:
             ctx = pod_context(annotations(pod), self.config.node_policy, self.config.gpu_policy)
         except ProtocolError as exc:
@@ -167,11 +181,17 @@ class Extender:
             if self.events:
                 self.events.emit(pod, ev.WARNING, ev.FILTERING_FAILED, err)
             return self._result(error=err)
-        return self._decide(fa, pod, preq, ctx)
+        return self._decide(fa, pod, preq, ctx, behind=write_behind)
 
-    def _decide(self, fa: FilterArgs, pod: dict, preq: Any, ctx: PodContext, confirmed: bool = False) -> dict:
-        """Decide and reserve; write the assignment. ``confirmed``: the pods in the way of a refusal were
-        checked against the API already (decide once more at most)."""
+    def filter_route(self, args: dict) -> dict:
+        """/filter as served over HTTP: write-behind unless ``--sync-filter-write``."""
+        return self.filter(args, write_behind=self.config.write_behind)
+
+    def _decide(self, fa: FilterArgs, pod: dict, preq: Any, ctx: PodContext, confirmed: bool = False,
+                behind: bool = False) -> dict:
+        """Decide and reserve; write the assignment (``behind``: in the write-behind pool, see
+        ``writebehind``). ``confirmed``: the pods in the way of a refusal were checked against the API
+        already (decide once more at most)."""
         ns, name, uid = fa.namespace, fa.name, fa.uid
         limits = self._quota_limits(ns)  # API read (cached) outside the lock
         simulate = fa.nodes is not None
@@ -207,7 +227,7 @@ class Extender:
                 if self.requeue is not None:
                     for node in freed:  # other parked pods may want what freed, as on the informer's path
                         self.requeue.freed(node)
-                return self._decide(fa, pod, preq, ctx, confirmed=True)
+                return self._decide(fa, pod, preq, ctx, confirmed=True, behind=behind)
         if dec.node is None:
             self._count("filter", "unschedulable")
             if self.metrics is not None and not simulate:
@@ -231,24 +251,54 @@ class Extender:
             items = [n for n in (fa.nodes.get("items") or [])
                      if (n.get("metadata") or {}).get("name") == dec.node]
             return self._result(nodes_obj={"kind": "NodeList", "apiVersion": "v1", "items": items})
-        if self.client is not None:
-            err = self._write_assignment(pod, uid, dec.node, encoded, vtime, mig)
+        n_names = len(fa.names)
+
+        def commit() -> str:
+            """Write the assignment; then count and announce the outcome. "" or the error."""
+            err = self._write_assignment(pod, uid, dec.node, encoded, vtime, mig) if self.client else ""
             if err:
                 self._count("filter", "error")
-                return self._result(error=err)
-        self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
-        self.busy.claim(dec.node, uid)
-        self._count("filter", "scheduled")
-        if self.events:
-            n_names = len(fa.names)
+                return err
+            self._count("filter", "scheduled")
+            if self.events:
+                def message() -> str:  # counts completed on the event thread (cache.complete)
+                    d = self.cache.complete(dec)
+                    return ev.filtering_succeed_message(d.node or "", n_names - d.n_fit, d.n_fit,
+                                                        d.fit_nodes, d.scores)
 
-            def message() -> str:  # counts completed on the event thread (cache.complete)
-                d = self.cache.complete(dec)
-                return ev.filtering_succeed_message(d.node or "", n_names - d.n_fit, d.n_fit, d.fit_nodes,
-                                                    d.scores)
+                self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, message if dec.pending else message())
+            return ""
 
-            self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, message if dec.pending else message())
+        written = None
+        # a leader past its fence writes inline, so its refusal (and the rollback) is the answer
+        if behind and self.client is not None and self.gate.lease_valid():
+            written = Future()  # set first: /bind must find the decision while the write is in flight
+            self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime, written))
+            self.busy.claim(dec.node, uid)
+            running = self.writer.submit(commit)
+            if running is not None:
+                running.add_done_callback(lambda f: self._written(uid, f, written))
+                return self._result(names=[dec.node])
+            written.set_result("")  # the pool is full: written inline below (back-pressure)
+        err = commit()
+        if err:
+            self.decisions.drop(uid)
+            self.busy.settle(uid)
+            return self._result(error=err)
+        if written is None:
+            self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
+            self.busy.claim(dec.node, uid)
         return self._result(names=[dec.node])
+
+    def _written(self, uid: str, src: Future, dst: Future) -> None:
+        """A write-behind ended: pass its outcome to the decision (and so to a /bind waiting for it)."""
+        exc = src.exception()
+        err = f"patch pod error: {exc!r}" if exc is not None else src.result()
+        if exc is not None:
+            logger.error("assignment write of pod uid %s failed: %r", uid, exc)
+        if err:
+            self.busy.settle(uid)  # no admission follows on that node
+        dst.set_result(err)
 
     def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str,
                           mig: str = "") -> str:
@@ -318,7 +368,8 @@ class Extender:
         out = self.bind_async(args)
         if isinstance(out, Future):
             # a waiting bind resolves within the waiter's deadline plus the bind's own API calls
-            return out.result(timeout=self.config.bind_lock_wait_s + 4 * self.config.api_timeout_s + 5)
+            # (plus the assignment write it may wait for: a write and a read-back of two attempts)
+            return out.result(timeout=self.config.bind_lock_wait_s + 7 * self.config.api_timeout_s + 5)
         return out
 
     def bind_async(self, args: dict) -> dict | Future:
@@ -330,6 +381,36 @@ class Extender:
         if not self.gate.wait_ready(self.config.sync_timeout_s):
             return {"Error": "this extender just became leader and is still reading the cluster's "
                              "allocations: kube-scheduler will retry"}
+        rec = self.decisions.get(b.uid)
+        if rec is not None and rec.written is not None and not rec.written.done():
+            # its /filter's assignment write is still running (write-behind): bind when it ends (the write
+            # is bounded by its API timeout and read-back, so no extra deadline is needed here)
+            out: Future = Future()
+
+            def resume(_f: Future) -> None:
+                try:
+                    res = self._bind_written(b)
+                except Exception as exc:  # noqa: BLE001 - handed to the HTTP server as a 500 with an error id
+                    out.set_exception(exc)
+                    return
+                if isinstance(res, Future):
+                    res.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
+                                          else out.set_result(f.result()))
+                else:
+                    out.set_result(res)
+
+            rec.written.add_done_callback(resume)
+            return out
+        return self._bind_written(b)
+
+    def _bind_written(self, b: Any) -> dict | Future:
+        rec = self.decisions.get(b.uid)
+        err = rec.write_error() if rec is not None and rec.node == b.node else ""
+        if err:  # a FilteringFailed-like outcome surfacing at /bind: BindingFailed event, nothing written
+            self.decisions.drop(b.uid)
+            self.busy.settle(b.uid)
+            return self.binder.fail(b, None, f"its assignment to node {b.node} was not written ({err}); "
+                                     "nothing bound, kube-scheduler will schedule it again")
         out = self.binder.bind(b)
         if isinstance(out, Future):
             out.add_done_callback(lambda _f: self.busy.settle(b.uid))

@@ -80,7 +80,9 @@ class ExtenderHTTPServer:
         validated: set[str] = set()
         if extender is not None:
             # /bind may answer later (a Future) while it waits for a node lock: no handler thread waits
-            verbs = (("/filter", extender.filter), ("/bind", getattr(extender, "bind_async", extender.bind)),
+            # /filter's assignment write may run behind its answer (config.write_behind, writebehind.py)
+            verbs = (("/filter", getattr(extender, "filter_route", extender.filter)),
+                     ("/bind", getattr(extender, "bind_async", extender.bind)),
                      ("/prioritize", prioritize))
             for path, fn in verbs:
                 if path not in json_routes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -20,6 +21,9 @@ from tests.integration.scheduler.test_trust import bind, create, extender, filte
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 FAST = SchedulerConfig(api_timeout_s=0.5, settle_s=3.0)
+# /filter answers after its write (HAMi's order), so its answer carries the write's outcome; the same
+# faults under write-behind, where /bind carries it: test_write_behind.py
+SYNC_WRITE = replace(FAST, write_behind=False)
 
 
 def lock_owner(api, node: str = "gpu-1") -> str | None:
@@ -38,7 +42,7 @@ def test_filter_patch_applied_after_the_client_gave_up_stays_counted(api_server)
     api_server.create(gpu_node("gpu-1", gpus=1, mem=10000))
     a = create(api_server, gpu_pod("a", mem=6000))
     b = create(api_server, gpu_pod("b", mem=6000))
-    with extender(api_server, FAST, timeout_s=0.5) as (app, ext):
+    with extender(api_server, SYNC_WRITE, timeout_s=0.5) as (app, ext):
         api_server.inject_fault(None, method="PATCH", path_regex=r"/pods/a$", times=5, delay_s=1.2)
         res = filter_(ext, a)
         assert res["Error"].startswith("patch pod error") and "timeout" in res["Error"]
@@ -54,7 +58,7 @@ def test_filter_patch_applied_after_the_client_gave_up_stays_counted(api_server)
 def test_filter_patch_that_never_lands_frees_the_reservation_once_known(api_server):
     api_server.create(gpu_node("gpu-1", gpus=1, mem=10000))
     a = create(api_server, gpu_pod("a", mem=6000))
-    with extender(api_server, FAST, timeout_s=0.5) as (app, ext):
+    with extender(api_server, SYNC_WRITE, timeout_s=0.5) as (app, ext):
         api_server.inject_fault(503, method="PATCH", path_regex=r"/pods/a$", times=1)
         res = filter_(ext, a)
         assert res["Error"].startswith("patch pod error: patch pod error: 503")

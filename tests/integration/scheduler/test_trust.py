@@ -147,7 +147,8 @@ def test_filter_reads_the_pod_from_the_api_not_from_the_body(api_server):
     body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "100"  # lies
     with extender(api_server) as (app, ext):
         assert filter_(ext, body)["NodeNames"] == ["gpu-1"]
-        ann = api_server.get("Pod", "default", "p")["metadata"]["annotations"]
+        # the assignment is written behind the answer (writebehind.py)
+        ann = wait_for(lambda: api_server.get("Pod", "default", "p")["metadata"].get("annotations"))
         assert decode_pod_devices(ann[keys.DEVICES_ALLOCATED])[0][0].usedmem == 6000
         check_cluster(api_server, [app])
 
@@ -165,6 +166,8 @@ def test_bind_only_what_this_extender_decided(api_server):
         assert keys.NODE_LOCK not in (api_server.get("Node", None, "gpu-1")["metadata"].get("annotations"))
         (chosen,) = filter_(ext, p, ("gpu-1", "gpu-2"))["NodeNames"]
         other = {"gpu-1": "gpu-2", "gpu-2": "gpu-1"}[chosen]
+        assert wait_for(lambda: keys.VGPU_NODE in (api_server.get("Pod", "default", "p")["metadata"]
+                                                   .get("annotations") or {}))  # written behind /filter
         n_writes = len(pod_writes(api_server, "p"))
         assert f"decided node {chosen} for it, not {other}" in bind(ext, p, other)["Error"]
         wrong_uid = copy.deepcopy(p)

@@ -28,7 +28,9 @@ def env():
     cache.set_node("n2", [dev(0, uuid="GPU-n2-0", mem=4096)])
     client = FakePodClient()
     metrics = SchedulerMetrics(cache)
-    ext = Extender(cache, SchedulerConfig(), client, metrics=metrics)
+    # /filter answers after its write here (HAMi's order), so a test can read the write's outcome in the
+    # answer; write-behind over HTTP: tests/integration/scheduler/test_write_behind.py
+    ext = Extender(cache, SchedulerConfig(write_behind=False), client, metrics=metrics)
     ext.synced.set()
     srv = ExtenderHTTPServer(ext, None, registry=metrics.registry, metrics=metrics, profiling_enabled=True,
                              max_body=64 * 1024).start()

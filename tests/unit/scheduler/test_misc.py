@@ -64,6 +64,8 @@ def test_durations_and_flags():
     assert cfg.node_lock_timeout_s == 120 and cfg.scheduler_name == "hami-scheduler"
     assert cfg.avoid_busy_nodes  # the default: prefer a node without an admission under way
     assert not build_config(p.parse_args(["--strict-node-order"])).avoid_busy_nodes
+    assert cfg.write_behind  # the default: /filter answers before its assignment write ends
+    assert not build_config(p.parse_args(["--sync-filter-write"])).write_behind
 
 
 def test_audit_interval_flag():
