@@ -77,6 +77,7 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
         setup_s = time.monotonic() - t_setup
         with verbs:
             cpu0 = cluster.cpu_seconds()
+            cluster.api.accounting(reset=True)  # API requests from here on
             t0 = time.monotonic()
             keys_ = cluster.create_pods("job", n_pods)
             created_s = time.monotonic() - t0
@@ -86,12 +87,20 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
         last = max(done) if done else time.monotonic()
         wall = last - t0
         cpu = {k: v - cpu0[k] for k, v in cluster.cpu_seconds().items()}
+        requests: dict[str, dict[str, int]] = {}  # agent -> verb -> requests (the bench's observers excluded)
+        for row in cluster.api.accounting()["rows"]:
+            agent = row["agent"].rsplit(") ", 1)[-1]  # the component of hami-agent's User-Agent
+            if agent != "bench":
+                verbs_ = requests.setdefault(agent, {})
+                verbs_[row["verb"]] = verbs_.get(row["verb"], 0) + row["requests"]
         time.sleep(0.5)  # the last lock release reaches the observer's watch
         holds = cluster.lock_holds()
         sim = cluster.sim
         return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "policy": node_policy,
                 "strict_node_order": strict, "sync_filter_write": sync_write,
                 "cpu_ms_per_pod": {k: v * 1e3 / max(1, len(done)) for k, v in cpu.items()},
+                "api_requests_per_pod": {a: {v: n / max(1, len(done)) for v, n in vs.items()}
+                                         for a, vs in requests.items()},
                 "all_running": ok,
                 "running": len(done), "failed": len(cluster.failed), "wall_s": wall, "create_s": created_s,
                 "pods_per_s": len(done) / wall if wall > 0 else 0.0, "setup_s": setup_s,
@@ -179,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu = r["cpu_ms_per_pod"]
             print("          CPU ms per pod: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
                   + f" (all {sum(cpu.values()):.1f})")
+            api = r["api_requests_per_pod"]
+            by_agent = (f"{a} " + "+".join(f"{n:.1f} {v}" for v, n in sorted(vs.items()))
+                        for a, vs in sorted(api.items()))
+            print("          API requests per pod: " + ", ".join(by_agent)
+                  + f" (all {sum(sum(vs.values()) for vs in api.values()):.1f})")
     for name, value, goal, ok in SUMMARY:
         print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
     return 0

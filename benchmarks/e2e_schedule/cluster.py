@@ -353,7 +353,8 @@ class SimCluster:
         out = {"apiserver": cpu(self.api.proc.pid) if self.api else 0.0,
                "extender": cpu(self.extender_proc.pid) if self.extender_proc else 0.0,
                "node hosts": sum(cpu(p.pid) for p in self.host_procs),
-               "kube-scheduler sim": cpu(os.getpid())}
+               # this process; the nodes too when they run in it (hosts=0)
+               "kube-scheduler sim" + ("" if self.host_procs else " + nodes"): cpu(os.getpid())}
         return out
 
     def _start_extender(self) -> None:

@@ -66,13 +66,24 @@ def _rv(node: dict) -> str:
 
 def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
               expiry_s: float = DEFAULT_EXPIRY_S, *, now: Callable[[], datetime] | None = None,
-              backoff: Backoff | None = None) -> str:
+              backoff: Backoff | None = None, cached: dict | None = None) -> str:
     """Take the node lock for pod ``namespace/pod_name`` and return the lock value now on the node;
     raise ``NodeLockError`` if the node is busy (or conflicts persist through the backoff).
     ``KubeError`` propagates for API failures (after a timeout the lock may or may not be set: the
-    caller reads it back, e.g. with :func:`release_node_lock`, which only removes its owner's lock)."""
+    caller reads it back, e.g. with :func:`release_node_lock`, which only removes its owner's lock).
+
+    ``cached``: the node as a watch last showed it. When it shows no lock, the first attempt patches
+    against its resourceVersion instead of reading the node first (HAMi's LockNode GETs it every time);
+    the patch is conditional, so a stale copy costs one 409, after which the node is read as usual.
+    A lock in the cached copy is always read afresh before it is judged."""
     clock = now or (lambda: datetime.now(timezone.utc))
     bo = backoff or hami_nodelock_backoff()
+    if cached is not None and _rv(cached) and not _lock_annotation(cached):
+        try:
+            return _patch_lock(client, node_name, namespace, pod_name, _rv(cached), clock())
+        except ConflictError as e:  # the copy was stale: read the node (no backoff: nothing contended yet)
+            log.v(logger, 4, "node lock on %s from the watch's copy: %s; reading the node", node_name,
+                  e.summary)
     while True:
         try:
             return _try_lock(client, node_name, namespace, pod_name, expiry_s, clock)
@@ -118,8 +129,13 @@ def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str,
             else:
                 owner = f"{held.namespace}/{held.name}" if held.has_owner else ""
                 raise NodeLockError(contention_message(node_name, expiry_s), node_name, owner)
+    return _patch_lock(client, node_name, namespace, pod_name, _rv(node), now)
+
+
+def _patch_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, rv: str,  # noqa: PLR0917
+                now: datetime) -> str:
     value = format_lock_value(now, namespace, pod_name)
-    client.patch_node_annotations(node_name, {keys.NODE_LOCK: value}, resource_version=_rv(node))
+    client.patch_node_annotations(node_name, {keys.NODE_LOCK: value}, resource_version=rv)
     log.v(logger, 3, "node %s locked for pod %s/%s", node_name, namespace, pod_name)
     return value
 

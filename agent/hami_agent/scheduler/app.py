@@ -89,6 +89,11 @@ class SchedulerApp:
             for w in watchers:
                 w.on_node_delete(node)
 
+        def watched_node(name: str) -> dict | None:
+            informer = self.sync.node_informer
+            return informer.get(None, name) if informer is not None else None
+
+        self.extender.binder.watched_node = watched_node
         self.sync.on_node_seen = node_seen
         self.sync.on_node_gone = node_gone
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),

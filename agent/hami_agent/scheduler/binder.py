@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -81,6 +82,8 @@ class Binder:
         self.events = events
         self._count = count or (lambda _v, _r: None)
         self.waiter: Any = None  # lockwait.NodeLockWaiter: park binds that meet a busy lock
+        # the node as the node watch shows it (name -> Node or None): the lock's first attempt skips a GET
+        self.watched_node: Callable[[str], dict | None] | None = None
         self._lock = threading.Lock()
         self._active: set[str] = set()  # uids with a /bind in progress
         self._in_doubt: dict[str, str] = {}  # uid -> node of a binding whose outcome is unknown
@@ -148,7 +151,8 @@ class Binder:
         try:
             self.gate.check("the node lock")
             value = lock_node(self.wclient, b.node, b.namespace, b.name,
-                              expiry_s=self.config.node_lock_timeout_s)
+                              expiry_s=self.config.node_lock_timeout_s,
+                              cached=self.watched_node(b.node) if self.watched_node else None)
         except NodeLockError as exc:  # nothing written, or the lock is someone else's
             if self.waiter is not None and exc.holder and CONTENTION in str(exc):
                 return self._wait_for_lock(b, exc)

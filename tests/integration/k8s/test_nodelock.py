@@ -236,3 +236,39 @@ def test_release_of_an_expected_value_leaves_a_newer_lock_of_the_same_pod(api_se
     assert lock_value(api_server) == newer
     assert release_node_lock(kube, "gpu-1", "ns", "p1", expected=newer) is True
     assert lock_value(api_server) is None
+
+
+def test_lock_from_the_watchs_copy_skips_the_read(api_server: ApiServer, kube: KubeClient) -> None:
+    seen = api_server.create(node("gpu-1"))  # the copy a node watch holds
+    before = len(api_server.requests)
+    lock_node(kube, "gpu-1", "ns", "p1", cached=seen)
+    made = [(r.method, r.path) for r in list(api_server.requests)[before:]]
+    assert made == [("PATCH", "/api/v1/nodes/gpu-1")], made  # no GET
+    assert parse_lock_value(lock_value(api_server)).name == "p1"
+    patch = api_server.requests_matching("PATCH", "/nodes/gpu-1$")[-1]
+    assert patch.body["metadata"]["resourceVersion"] == seen["metadata"]["resourceVersion"]
+
+
+def test_a_stale_copy_costs_one_conflict_then_the_node_is_read(api_server: ApiServer,
+                                                               kube: KubeClient) -> None:
+    stale = api_server.create(node("gpu-1"))
+    api_server.patch("nodes", None, "gpu-1", {"metadata": {"labels": {"moved": "on"}}})  # newer rv
+    # a backoff with no retries left: the stale copy's conflict must not use one up, nor sleep
+    lock_node(kube, "gpu-1", "ns", "p1", cached=stale, backoff=Backoff(steps=0))
+    assert parse_lock_value(lock_value(api_server)).name == "p1"
+    assert len(api_server.requests_matching("GET", "/nodes/gpu-1$")) == 1
+
+
+def test_a_lock_in_the_copy_is_read_afresh(api_server: ApiServer, kube: KubeClient) -> None:
+    api_server.create(pod("p1", namespace="ns"))
+    api_server.create(pod("p2", namespace="ns"))  # an owner that still needs its lock
+    api_server.create(node("gpu-1"))
+    lock_node(kube, "gpu-1", "ns", "p1")
+    locked = api_server.get("nodes", None, "gpu-1")
+    release_node_lock(kube, "gpu-1", "ns", "p1")
+    # the watch still shows p1's lock; the node is free: read afresh and taken
+    lock_node(kube, "gpu-1", "ns", "p2", cached=locked)
+    assert parse_lock_value(lock_value(api_server)).name == "p2"
+    # and a copy showing a lock the node really holds gives HAMi's contention error
+    with pytest.raises(NodeLockError, match="node lock contention"):
+        lock_node(kube, "gpu-1", "ns", "p3", cached=api_server.get("nodes", None, "gpu-1"))
