@@ -43,7 +43,7 @@ class BusyNodes:
 
     # ------------------------------------------------------------------------------ /filter, /bind
     def claim(self, node: str, uid: str) -> None:
-        """/filter chose ``node`` for pod ``uid`` (its assignment is written)."""
+        """/filter chose ``node`` for pod ``uid`` (its assignment is being or has been written)."""
         with self._lock:
             self._drop(uid)
             self._claims[uid] = (node, self._clock() + self.claim_ttl_s)

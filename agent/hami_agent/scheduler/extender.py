@@ -269,36 +269,30 @@ class Extender:
                 self.events.emit(pod, ev.NORMAL, ev.FILTERING_SUCCEED, message if dec.pending else message())
             return ""
 
-        written = None
-        # a leader past its fence writes inline, so its refusal (and the rollback) is the answer
-        if behind and self.client is not None and self.gate.lease_valid():
-            written = Future()  # set first: /bind must find the decision while the write is in flight
-            self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime, written))
-            self.busy.claim(dec.node, uid)
-            running = self.writer.submit(commit)
-            if running is not None:
-                running.add_done_callback(lambda f: self._written(uid, f, written))
-                return self._result(names=[dec.node])
-            written.set_result("")  # the pool is full: written inline below (back-pressure)
+        # a leader past its fence writes inline, so its refusal (and the rollback) is the answer; a full
+        # pool too (back-pressure)
+        self.busy.claim(dec.node, uid)  # before the write starts: a failed write settles it
+        running = self.writer.submit(commit) if (
+            behind and self.client is not None and self.gate.lease_valid()) else None
+        if running is not None:
+            # recorded before the answer, so the pod's /bind (which comes after it) finds the write
+            self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime, running))
+            running.add_done_callback(lambda f: self._written(uid, f))
+            return self._result(names=[dec.node])
         err = commit()
         if err:
-            self.decisions.drop(uid)
             self.busy.settle(uid)
             return self._result(error=err)
-        if written is None:
-            self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
-            self.busy.claim(dec.node, uid)
+        self.decisions.put(FilterDecision(uid, ns, name, dec.node, encoded, vtime))
         return self._result(names=[dec.node])
 
-    def _written(self, uid: str, src: Future, dst: Future) -> None:
-        """A write-behind ended: pass its outcome to the decision (and so to a /bind waiting for it)."""
-        exc = src.exception()
-        err = f"patch pod error: {exc!r}" if exc is not None else src.result()
+    def _written(self, uid: str, write: Future) -> None:
+        """A write-behind ended; after a failure no admission follows on its node."""
+        exc = write.exception()
         if exc is not None:
             logger.error("assignment write of pod uid %s failed: %r", uid, exc)
-        if err:
-            self.busy.settle(uid)  # no admission follows on that node
-        dst.set_result(err)
+        if exc is not None or write.result():
+            self.busy.settle(uid)
 
     def _write_assignment(self, pod: dict, uid: str, node: str, encoded: str, vtime: str,
                           mig: str = "") -> str:
