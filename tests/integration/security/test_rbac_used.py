@@ -42,7 +42,11 @@ PLUGIN_USER = f"system:serviceaccount:{SA_NS}:hami-device-plugin-{NODE}"
 
 # Grants a short test cannot reach, each with the code path that needs it. Nothing else may be unused.
 RARE: dict[str, dict[tuple[str, str, str], str]] = {
-    SCHED_USER: {},
+    SCHED_USER: {
+        # the node lock's first attempt patches against the extender's node watch copy (conditional on its
+        # resourceVersion); the node is read afresh only when that copy was stale (409) or showed a lock
+        ("get", "", "nodes"): "k8s/nodelock.py lock_node (stale watch copy or a lock to judge)",
+    },
     PLUGIN_USER: {
         # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer
         # has not seen it yet (a just-bound pod racing the watch); the informer is normally first.
