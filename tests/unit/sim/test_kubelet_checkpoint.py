@@ -73,3 +73,28 @@ def test_a_changed_file_is_refused_as_corrupted_and_a_missing_one_as_not_found(t
     path.write_text("{not json")
     with pytest.raises(cp.CheckpointError):
         cp.read(str(tmp_path))
+
+
+def test_prefix_cached_checksum_equals_the_whole_text_hash_through_appends_and_removals():
+    """The checksum continues from the FNV state of a known prefix (the kubelet rewrites the file after
+    every allocation); it must equal FNV over the whole text whatever changed: an entry appended, one
+    removed from the middle, a response changed in place, the registered devices."""
+    import random
+
+    rng = random.Random(7)
+    entries: list[cp.PodDevicesEntry] = []
+    registered: dict[str, list[str] | None] = {"nvidia.com/gpu": ["a"]}
+    for step in range(60):
+        action = rng.choice(["append", "append", "remove", "mutate", "register"])
+        if action == "append" or not entries:
+            resp = rng.randbytes(rng.randrange(40))
+            entries.append(cp.PodDevicesEntry(f"uid-{step}", "c", "nvidia.com/gpu",
+                                              {-1: [f"GPU-{rng.randrange(8)}"]}, resp))
+        elif action == "remove":
+            entries.pop(rng.randrange(len(entries)))
+        elif action == "mutate":
+            entries[rng.randrange(len(entries))].alloc_resp = rng.randbytes(5)
+        else:
+            registered[f"x.io/r{step % 3}"] = [str(step)]
+        data = cp.CheckpointData(list(entries), dict(registered))
+        assert cp.checksum(data) == cp.fnv32a(cp.spew_text(data).encode("utf-8")), (step, action)
