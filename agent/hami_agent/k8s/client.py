@@ -138,6 +138,37 @@ def _transport_error(exc: Exception, verb: str, kind: str, name: str, timeout_s:
     return KubeError(0, "connection error", f"{type(exc).__name__}: {exc}", verb, kind, name)
 
 
+class ThrottledRefresh:
+    """The credential loaders' ``refresh_api_key_hook``, run at most once per ``period_s``.
+
+    The kubernetes client calls the hook before every request. The kubeconfig loader's hook re-applies
+    the whole configuration each time (``KubeConfigLoader._set_config``: its ``host`` setter re-reads the
+    proxy environment), a fifth of a small request's client CPU. A token only needs reloading near its
+    expiry, and both loaders already refresh early: kubeconfig tokens 5 minutes before ``expiry``
+    (``EXPIRY_SKEW_PREVENTION_DELAY``), the in-cluster token file every minute; so a hook run every
+    ``period_s`` (far below those margins) never lets a token lapse."""
+
+    def __init__(self, hook: Any, period_s: float = 10.0, clock: Any = time.monotonic) -> None:
+        self.hook = hook
+        self.period_s = period_s
+        self.clock = clock
+        self._next = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self, configuration: Any) -> None:
+        with self._lock:
+            now = self.clock()
+            if now < self._next:
+                return
+            self.hook(configuration)
+            self._next = now + self.period_s
+            # the kubeconfig loader's hook installs itself again as it runs: keep the throttle in front
+            installed = getattr(configuration, "refresh_api_key_hook", self)
+            if installed is not self and installed is not None:
+                self.hook = installed
+                configuration.refresh_api_key_hook = self
+
+
 def user_agent(component: str | None = None) -> str:
     """``hami-agent/<version> (<os>/<arch>) <component>``, client-go's layout
     (``rest.DefaultKubernetesUserAgent``): API server metrics and audit logs tell components apart by it."""
@@ -207,6 +238,8 @@ class KubeClient:
             raise
         except Exception as exc:  # the loaders raise ConfigException, OSError, yaml errors...
             raise KubeConfigError(f"cannot load Kubernetes credentials from {source}: {exc}") from exc
+        if cfg.refresh_api_key_hook is not None:
+            cfg.refresh_api_key_hook = ThrottledRefresh(cfg.refresh_api_key_hook)
         # Our own retry loop handles failures; urllib3's silent immediate retries would hide them.
         cfg.retries = False
         cfg.connection_pool_maxsize = 16
