@@ -3,8 +3,11 @@ keep the node lock exactly as long as the pod may still need it, and never guess
 
 * The request names the pod (namespace, name, uid) and a node. It is bound only if this extender's
   own /filter decided that node for that uid (``DecisionLog``), the pod is still pending for our
-  scheduler (read from the API, not from the request), and its annotations still carry that decision.
-  Anything else is refused with the reason and nothing is written.
+  scheduler (from the pending-pod informer when its copy already shows the decision, else read from
+  the API; never from the request), and its annotations still carry that decision. Anything else is
+  refused with the reason and nothing is written. The ``bind-phase`` write is conditional on the
+  checked copy's resourceVersion: a copy older than the API meets a 409, and the pod is checked once
+  more as the API has it before the bind goes on or fails (the lock released at once).
 * Node lock → ``bind-phase=allocating`` (conditional on the pod's resourceVersion) → ``pods/binding``
   (with the uid as precondition); the leader's fence is checked before each write.
 * A binding whose answer is lost (timeout, reset, 5xx) is read back: bound to our node → success, and
@@ -97,7 +100,7 @@ class Binder:
         """Bind ``b``: the answer, or a ``Future`` of it when the bind waits for the node lock."""
         if self.wclient is None:
             return {"Error": "no API client configured"}
-        checked = self._checked(b, fresh=True)
+        checked = self._checked(b, fresh=False)
         if isinstance(checked, dict):
             return checked
         pod, rec = checked
@@ -124,7 +127,12 @@ class Binder:
             self._active.discard(uid)
 
     def _checked(self, b: BindArgs, fresh: bool) -> dict | tuple[dict, FilterDecision | None]:
-        """The pod (read from the API) and this extender's decision for it, or the refusal to answer."""
+        """The pod and this extender's decision for it, or the refusal to answer. ``fresh=False``: the
+        pending-pod informer's copy when it already carries this extender's decision (the
+        ``bind-phase`` write that follows is conditional on that copy's resourceVersion, so a copy older
+        than the API fails that write, it never binds on stale state); otherwise, and for a pod without
+        a device request, the pod is read from the API. What the copy refuses on (bound, terminating)
+        never reverts, so a refusal from it stands."""
         try:
             pod = self.pods.schedulable(b.namespace, b.name, b.uid, fresh=fresh)
             preq = pod_request(pod, self.config.names)
@@ -133,7 +141,7 @@ class Binder:
         except KubeError as exc:
             return self.fail(b, None, f"cannot read the pod: {exc}")
         if preq.empty:
-            return pod, None
+            return self._checked(b, fresh=True) if not fresh else (pod, None)
         rec = self.decisions.get(b.uid)
         if rec is None:
             return self._refuse(b, "has no /filter decision of this extender (never filtered here, the "
@@ -143,6 +151,8 @@ class Binder:
             return self._refuse(b, f"this extender decided node {rec.node} for it, not {b.node}")
         ann = annotations(pod)
         if ann.get(keys.VGPU_NODE) != rec.node or ann.get(keys.DEVICES_TO_ALLOCATE) != rec.devices:
+            if not fresh:  # the watch has not shown the assignment write yet: ask the API
+                return self._checked(b, fresh=True)
             return self._refuse(b, f"its {keys.VGPU_NODE}/{keys.DEVICES_TO_ALLOCATE} annotations are not "
                                    "this extender's decision any more: kube-scheduler will filter it again")
         return pod, rec
@@ -162,15 +172,39 @@ class Binder:
         except KubeError as exc:  # the lock write may have been applied: release it if it is ours
             self._release_later(b)
             return self.fail(b, pod, f"node lock: {exc}")
+        for attempt in (1, 2):
+            try:
+                self.gate.check(f"{keys.BIND_PHASE}")
+                self.wclient.patch_pod_metadata(b.namespace, b.name, annotations={
+                    keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: str(int(time.time()))},
+                    resource_version=_rv(pod))
+                return self._finish_binding(b, pod, value)
+            except ConflictError as exc:  # the pod changed since the copy we checked: check it afresh once
+                why = f"patch pod {keys.BIND_PHASE}: {exc}"
+                if attempt == 1:
+                    current, changed = self._still_decided(b, rec)
+                    if current is not None:
+                        pod = current
+                        continue
+                    why += f"; read afresh, the pod {changed}"
+                self.release(b, value)
+                return self.fail(b, pod, why)
+            except (NotLeader, KubeError) as exc:  # no binding was sent: the pod cannot need the lock
+                self.release(b, value)
+                return self.fail(b, pod, f"patch pod {keys.BIND_PHASE}: {exc}")
+        raise AssertionError("unreachable")
+
+    def _still_decided(self, b: BindArgs, rec: FilterDecision) -> tuple[dict | None, str]:
+        """The pod read from the API when it is still pending for us and still carries ``rec``
+        (None and why not otherwise)."""
         try:
-            self.gate.check(f"{keys.BIND_PHASE}")
-            self.wclient.patch_pod_metadata(b.namespace, b.name, annotations={
-                keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: str(int(time.time()))},
-                resource_version=_rv(pod))
-        except (NotLeader, KubeError) as exc:  # no binding was sent: the pod cannot need the lock
-            self.release(b, value)
-            return self.fail(b, pod, f"patch pod {keys.BIND_PHASE}: {exc}")
-        return self._finish_binding(b, pod, value)
+            pod = self.pods.schedulable(b.namespace, b.name, b.uid, fresh=True)
+        except (PodRefused, KubeError) as exc:
+            return None, str(exc)
+        ann = annotations(pod)
+        if ann.get(keys.VGPU_NODE) != rec.node or ann.get(keys.DEVICES_TO_ALLOCATE) != rec.devices:
+            return None, f"no longer carries this extender's decision in {keys.DEVICES_TO_ALLOCATE}"
+        return pod, ""
 
     def _wait_for_lock(self, b: BindArgs, busy: NodeLockError) -> dict | Future:
         """Park the bind until the node's lock is released (``lockwait``); the Future resolves then."""

@@ -46,6 +46,9 @@ RARE: dict[str, dict[tuple[str, str, str], str]] = {
         # the node lock's first attempt patches against the extender's node watch copy (conditional on its
         # resourceVersion); the node is read afresh only when that copy was stale (409) or showed a lock
         ("get", "", "nodes"): "k8s/nodelock.py lock_node (stale watch copy or a lock to judge)",
+        # pods come from the pending-pod informer; a GET only when it has not shown the pod (or the
+        # decision's write) yet (scheduler/podstate.py PodStates.get), or to read back a lost answer
+        ("get", "", "pods"): "scheduler/podstate.py PodStates.get (watch lag), binder.py read-backs",
     },
     PLUGIN_USER: {
         # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer
