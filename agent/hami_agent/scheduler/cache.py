@@ -596,7 +596,7 @@ class UsageCache:
             if best is None or self._picked(m, best, preq, ctx):
                 return best
 
-    def _candidates(self, preq: PodRequest, min_gain: int = 1) -> set[str] | None:
+    def _candidates(self, preq: PodRequest, min_gain: int = 2) -> set[str] | None:
         """A superset of the nodes ``preq`` can fit (the capacity index; for static MIG resources the
         nodes offering the profile), None when that rules out less than 1/``min_gain`` of the nodes."""
         cand = self._capacity.candidates(preq, min_gain)
