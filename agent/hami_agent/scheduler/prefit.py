@@ -14,8 +14,10 @@ nodes a request shape seen for the first time would cost a second. Most nodes ca
 * ``CapacityIndex`` keeps the nodes sorted by the k-th largest free memory and free cores of their
   devices: a container asking for ``nums`` GPUs with ``m`` MiB each can only fit a node whose
   ``nums``-th largest free memory is at least ``m``, so a bisection bounds the walk of a demanding new
-  shape (8 whole GPUs at 5,000 nodes: the few empty nodes) instead of screening every node. (The usage
-  cache bounds a shape asking for static MIG resources to the nodes offering the profile the same way.)
+  shape (8 whole GPUs at 5,000 nodes: the few empty nodes) instead of screening every node, whenever it
+  rules out at least half of them. A GPU in MIG mode counts no more free memory than the largest profile
+  it can still place (``migfit.custom_filter`` refuses more). (The usage cache bounds a shape asking for
+  static MIG resources to the nodes offering the profile the same way.)
 
 Both are checked against the exact fit by property tests (``tests/unit/scheduler/test_may_fit.py``).
 """
