@@ -70,11 +70,34 @@ def _identity(pod: object, where: str) -> tuple[str, str, str]:
     return ns, name, uid
 
 
+class _ValidNames:
+    """The last node-name list found valid (a copy). kube-scheduler sends the same list on every call and
+    the body parser hands out the same string objects for it, so comparing with this one (identity per
+    element, in C) is cheaper than checking every name again. Thread-safe: one reference, replaced."""
+
+    last: list[str] = []
+
+    @classmethod
+    def known(cls, names: list) -> bool:
+        return bool(names) and names == cls.last
+
+    @classmethod
+    def remember(cls, names: list[str]) -> None:
+        cls.last = list(names)
+
+
+def names_known_valid(names: list) -> bool:
+    """``names`` equal the last list of node names found valid (non-empty strings)."""
+    return _ValidNames.known(names)
+
+
 def _node_names(args: dict) -> tuple[list[str], dict | None]:
     raw = field_ci(args, "NodeNames")
     if raw is not None:
         if not isinstance(raw, list):
             raise BadRequest(f"ExtenderArgs.NodeNames: must be a list of node names, got {_kind(raw)}")
+        if _ValidNames.known(raw):
+            return raw, None
         # kube-scheduler sends every node name on every call (5,000 at 5,000 nodes): check them with C
         # loops (str.join refuses any non-string; "in" finds an empty one; a third of a Python loop's
         # cost) and walk the list in Python only to name the bad element
@@ -88,6 +111,7 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
                 if not isinstance(n, str) or not n:
                     raise BadRequest(f"ExtenderArgs.NodeNames[{i}]: must be a non-empty node name string, "
                                      f"got {_kind(n)}")
+        _ValidNames.remember(raw)
         return raw, None
     nodes = field_ci(args, "Nodes")
     if nodes is None:

@@ -137,6 +137,12 @@ class UsageCache:
         self._capacity = CapacityIndex()
         self._static_mig: dict[str, set[str]] = {}  # profile -> nodes with static MIG capacity for it
         self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
+        # kube-scheduler sends the same node names on every /filter: the set built for the last list is
+        # reused while the list is equal (no hashing of 5,000 names), and whether it covers every known
+        # node while no node came or went (``_nodes_gen``)
+        self._last_names: tuple[list[str], set[str]] = ([], set())
+        self._nodes_gen = 0
+        self._covers: tuple[set[str] | None, int, bool] = (None, -1, False)  # (the set, _nodes_gen, covers)
 
     # ------------------------------------------------------------------------------------ nodes
     def set_node(self, name: str, devices: list[DeviceUsage], extras: NodeExtras | None = None,
@@ -144,6 +150,8 @@ class UsageCache:
         """Add or replace a node's devices; usage of cached pods on it is re-applied."""
         with self.lock:
             st = NodeState(name, devices, extras or NodeExtras(), dict(mig_capacity or {}))
+            if name not in self.nodes:
+                self._nodes_gen += 1
             self._index_static_mig(name, self.nodes.get(name), st)
             self.nodes[name] = st
             for uid in self._pods_by_node.get(name, ()):
@@ -169,6 +177,7 @@ class UsageCache:
             old = self.nodes.pop(name, None)
             if old is None:
                 return False
+            self._nodes_gen += 1
             self._index_static_mig(name, old, None)
             self._drop_rank(name)
             self._capacity.update(name, None)
@@ -465,10 +474,7 @@ class UsageCache:
         other candidate fits (scheduler/busy.py: a pod is being admitted there)."""
         self._last_decide = time.monotonic()
         with self.lock:
-            try:
-                names_set = set(names)
-            except TypeError as exc:
-                raise ValueError(f"node names must be strings: {exc}") from exc
+            names_set = self._names_set(names)
             spread = ctx.node_policy == "spread"
             pending = None
             if quota is None:
@@ -517,17 +523,35 @@ class UsageCache:
             dec = Decision(best, fits[best], {})
             if pending is not None:
                 if m.dirty.isdisjoint(names_set):  # every candidate is decided: count now (cheap)
-                    self._count_fits(dec, m, names_set, spread, event_nodes, best)
+                    self._count_fits(dec, m, names_set, spread, event_nodes, best, pending[1] is None)
                 else:
                     dec.pending = (*pending, best)
             elif event_nodes or log.enabled(logger, 2):
                 self._count_quota_fits(dec, ok_of & names_set, spread, event_nodes)
             return dec
 
+    def _names_set(self, names: list[str]) -> set[str]:
+        """The set of ``names``: the last request's when the list is equal (a list comparison stops at
+        the first difference and compares each string by identity first: the body parser hands out the
+        same string objects for a repeated array). Never changed by its users: it is shared."""
+        last, last_set = self._last_names
+        if names == last:
+            return last_set
+        try:
+            names_set = set(names)
+        except TypeError as exc:
+            raise ValueError(f"node names must be strings: {exc}") from exc
+        self._last_names = (list(names), names_set)  # a copy: the caller's list may change
+        return names_set
+
     def _names_ref(self, names: set[str]) -> set[str] | None:
         """What a pending count keeps of the request's node names: None when they cover every known node
         (kube-scheduler sends them all), so a queued event does not hold a set of thousands of names."""
-        return None if len(names) >= len(self.nodes) and self.nodes.keys() <= names else names
+        known, gen, covers = self._covers
+        if known is not names or gen != self._nodes_gen:
+            covers = len(names) >= len(self.nodes) and self.nodes.keys() <= names
+            self._covers = (names, self._nodes_gen, covers)
+        return None if covers else names
 
     def _screen(self, st: NodeState, preq: PodRequest, ctx: PodContext, exact: bool) -> NodeFit:
         if not may_fit(st, preq, ctx):
@@ -572,20 +596,26 @@ class UsageCache:
             if best is None or self._picked(m, best, preq, ctx):
                 return best
 
+    def _candidates(self, preq: PodRequest, min_gain: int = 2) -> set[str] | None:
+        """A superset of the nodes ``preq`` can fit (the capacity index; for static MIG resources the
+        nodes offering the profile), None when that rules out less than 1/``min_gain`` of the nodes."""
+        cand = self._capacity.candidates(preq, min_gain)
+        for profile, _n in preq.mig:  # static MIG resources: only nodes that offer the profile
+            offer = self._static_mig.get(profile, set())
+            cand = offer if cand is None else cand & offer
+        return cand
+
     def _walk(self, m: _Memo, names: set[str], spread: bool, preq: PodRequest, ctx: PodContext,
               exact: bool, avoid: set[str] | frozenset[str] = frozenset()) -> str | None:
         """Best-first over the candidates' rank: decide dirty candidates until one fits outside ``avoid``
         (it is the best), else the best fitting one inside it. Candidates: the names the capacity index
         admits; when they are few, they are sorted by rank instead of walking every node's rank."""
-        cand = self._capacity.candidates(preq)
-        for profile, _n in preq.mig:  # static MIG resources: only nodes that offer the profile
-            offer = self._static_mig.get(profile, set())
-            cand = offer if cand is None else cand & offer
+        cand = self._candidates(preq)
         if cand is not None:
             names = names & cand
         if len(names) * 8 < len(self._order):
             order: Iterable[tuple[float, str]] = sorted(
-                (self._rank[n] for n in names if n in self._rank), reverse=not spread)
+                map(self._rank.__getitem__, names & self._rank.keys()), reverse=not spread)
         else:
             order = self._order if spread else reversed(self._order)
         dirty, fits, nodes = m.dirty, m.fits, self.nodes
@@ -604,15 +634,19 @@ class UsageCache:
                 fallback = fallback or n
         return fallback
 
-    def _count_fits(self, dec: Decision, m: _Memo, names: set[str], spread: bool, event_nodes: int,
-                    best: str) -> None:
+    def _count_fits(self, dec: Decision, m: _Memo, names: set[str] | Iterable[str], spread: bool,
+                    event_nodes: int, best: str, every_node: bool = False) -> None:
         """Counts for the event from a memo whose candidates are all decided: the chosen node counts as
         fitting (it did, before its own reservation). The top ``event_nodes`` come from the memo's sorted
-        order (no sort of every fitting node)."""
-        ok = m.ok & names
-        if best in self.nodes:
-            ok.add(best)
-        dec.n_fit = len(ok)
+        order (no sort of every fitting node). ``every_node``: ``names`` cover every known node and ``m``
+        is a live memo (its fitting nodes are known nodes): they are counted without a set operation."""
+        if every_node:
+            dec.n_fit = len(m.ok) + (best in self.nodes and best not in m.ok)
+        else:
+            ok = m.ok & names
+            if best in self.nodes:
+                ok.add(best)
+            dec.n_fit = len(ok)
         top: list[str] = []
         if event_nodes:
             for k in (m.order if spread else reversed(m.order)):
@@ -647,6 +681,7 @@ class UsageCache:
         exact = screen_is_exact(preq, ctx)
         with self.lock:
             m = memo_ref() or self._memo.get((preq, ctx)) or _Memo(dirty=set(self.nodes))
+        pruned = False
         while True:
             # Off the request path in earnest: a slice competes with /filter for the lock and for the GIL
             # (a thread waiting for it can lose milliseconds per hand-off), so wait for a quiet moment.
@@ -658,6 +693,9 @@ class UsageCache:
                 names = self.nodes.keys() if names_ref is None else names_ref
                 todo = m.dirty & names & self.nodes.keys()
                 t0 = time.perf_counter()
+                if not pruned:  # the nodes the capacity index rules out are marked at once, not screened
+                    pruned = True
+                    todo = self._prune(m, todo, preq)
                 done: set[str] = set()
                 for n in todo:  # a slice of at most COMPLETE_SLICE_S under the lock
                     done.add(n)
@@ -667,10 +705,28 @@ class UsageCache:
                 m.dirty -= done
                 held = time.perf_counter() - t0
                 if len(done) == len(todo):
-                    self._count_fits(dec, m, set(names & self.nodes.keys()), spread, event_nodes, best)
+                    if names_ref is None and self._memo.get((preq, ctx)) is m:
+                        self._count_fits(dec, m, names, spread, event_nodes, best, every_node=True)
+                    else:
+                        self._count_fits(dec, m, set(names & self.nodes.keys()), spread, event_nodes, best)
                     dec.pending = None
                     return dec
             time.sleep(held)  # at most half of a core, and /filter gets the lock (Python's is not fair)
+
+    def _prune(self, m: _Memo, todo: set[str], preq: PodRequest) -> set[str]:
+        """Mark the nodes of ``todo`` that cannot fit ``preq`` by the capacity index ``PRUNED`` in bulk
+        (set and dict operations in C; the screen would refuse them one by one, a few microseconds each);
+        the rest of ``todo`` is returned. ``PRUNED`` stands for any refusal: a reason is only computed
+        when the pod fits nowhere."""
+        cand = self._candidates(preq, min_gain=1)
+        if cand is None:
+            return todo
+        out = todo - cand
+        for n in out & m.pos.keys():  # fitted before its change: leaves the fitting order
+            m.drop(n)
+        m.fits.update(dict.fromkeys(out, PRUNED))
+        m.dirty -= out
+        return todo & cand
 
     def simulate(self, given: list[tuple[str, list[DeviceUsage] | None, NodeExtras, dict[str, int]]],
                  preq: PodRequest, ctx: PodContext, quota: QuotaBudget | None = None) -> Decision:

@@ -67,3 +67,10 @@ def custom_filter(profiles: Sequence[MigProfile], occupied: Sequence[MigPlacemen
     return select_candidate(profiles, used, memreq) is not None
 
 
+
+
+def largest_free_profile(profiles: Sequence[MigProfile], occupied: Sequence[MigPlacement]) -> int:
+    """The most memory (MiB) one more instance on this GPU can have: the largest profile with a free
+    placement (0: none). ``custom_filter`` refuses any request above it, so it bounds what the GPU's
+    free memory can serve (``prefit.summarize``)."""
+    return max((p.memory_mb for p in profiles if select_placement(p, occupied) is not None), default=0)

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 
 from hami_agent.httpserve import HTTPError, HttpServer, Limits, Listener, Request, Response, Route
 from hami_agent.httpserve import listener_is_loopback as is_loopback
-from hami_agent.httpserve.jsonbody import parse_json
+from hami_agent.httpserve.jsonbody import RepeatedArray, parse_json
 from hami_agent.httpserve.ops import healthz_route, metrics_route
 from hami_agent.httpserve.tls import server_context
 from hami_agent.scheduler import auth as authn
@@ -211,11 +211,13 @@ class ExtenderHTTPServer:
         shape = _SHAPES.get(path) if validate else None
         what = {"/filter": "ExtenderArgs", "/prioritize": "ExtenderArgs", "/bind": "ExtenderBindingArgs",
                 "/webhook": "AdmissionReview"}.get(path, "body")
+        # kube-scheduler sends every node name in every ExtenderArgs, the same list call after call
+        repeated = RepeatedArray("NodeNames") if what == "ExtenderArgs" else None
 
         def handler(req: Request) -> Response:
             if needs_auth:
                 self.auth.check(req, verb)  # raises 401/403 before anything is parsed or decided
-            args = parse_json(req.body, f"{path} {what}")
+            args = parse_json(req.body, f"{path} {what}", repeated=repeated)
             if shape is not None:
                 shape(args)
             t0 = time.perf_counter()
