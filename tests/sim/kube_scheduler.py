@@ -391,15 +391,25 @@ class KubeSchedulerSim:
     def _on_pod_update(self, old: dict, new: dict) -> None:
         key = pod_key(new)
         if (new.get("spec") or {}).get("nodeName"):
+            with self._lock:  # the informer confirms an assumed pod (cache.AddPod/UpdatePod)
+                self._assumed.pop(key, None)
             if not (old.get("spec") or {}).get("nodeName"):
                 self.queue.delete(key)  # bound (by us, or by someone else)
             return  # assigned-pod updates move only pods with affinity terms: none modelled
+        with self._lock:
+            assumed = key in self._assumed
+        if assumed:
+            # eventhandlers.go updatePodInSchedulingQueue: an assumed pod's updates are not queued (its
+            # binding is under way, or done and not yet seen by the informer); a failed binding forgets it
+            return
         if self._pending(new):
             self.queue.update(key, new, _spec_changed(old, new))
         else:
             self.queue.delete(key)
 
     def _on_pod_delete(self, pod: dict) -> None:
+        with self._lock:
+            self._assumed.pop(pod_key(pod), None)
         if (pod.get("spec") or {}).get("nodeName"):
             self.queue.move_all(qu.ASSIGNED_POD_DELETE)
         else:
@@ -426,7 +436,9 @@ class KubeSchedulerSim:
                 continue
             ns, name = qp.key.split("/", 1)
             pod = self.pod_informer.get(ns, name) or qp.pod
-            if not self._pending(pod):
+            with self._lock:
+                assumed = qp.key in self._assumed
+            if assumed or not self._pending(pod):  # schedule_one.go skipPodSchedule: assumed pods
                 self.queue.done(qp)
                 continue
             try:
@@ -449,14 +461,19 @@ class KubeSchedulerSim:
         return sorted(passed), failed
 
     def _count_used(self) -> dict[str, int]:
+        """Bound pods as the informer shows them, plus assumed pods it does not show bound yet (an
+        assumed pod stays counted after its binding until the informer confirms it, as in the
+        scheduler cache)."""
         used: dict[str, int] = {}
+        seen_bound = set()
         for p in self.pod_informer.list():
             node = (p.get("spec") or {}).get("nodeName")
             if node:
                 used[node] = used.get(node, 0) + pod_requests(p, self.count_resource)
+                seen_bound.add(pod_key(p))
         with self._lock:
             for key, (node, n) in self._assumed.items():
-                if key not in self.bound:
+                if key not in seen_bound:
                     used[node] = used.get(node, 0) + n
         return used
 
@@ -567,9 +584,7 @@ class KubeSchedulerSim:
             return
         finally:
             self._binding.release()
-        self._bound(pod, node)
-        with self._lock:
-            self._assumed.pop(key, None)
+        self._bound(pod, node)  # stays assumed until the informer shows it bound (_on_pod_update)
         if qp is not None:
             self.queue.done(qp)
 
