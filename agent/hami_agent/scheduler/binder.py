@@ -64,6 +64,12 @@ def _rv(pod: dict) -> str:
     return str((pod.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def _carries(pod: dict, rec: FilterDecision) -> bool:
+    """The pod's assignment annotations are still ``rec``, this extender's decision."""
+    ann = annotations(pod)
+    return ann.get(keys.VGPU_NODE) == rec.node and ann.get(keys.DEVICES_TO_ALLOCATE) == rec.devices
+
+
 def _copy(src: Future, dst: Future) -> None:
     exc = src.exception()
     if exc is not None:
@@ -149,8 +155,7 @@ class Binder:
                                    "will filter it again")
         if rec.node != b.node:
             return self._refuse(b, f"this extender decided node {rec.node} for it, not {b.node}")
-        ann = annotations(pod)
-        if ann.get(keys.VGPU_NODE) != rec.node or ann.get(keys.DEVICES_TO_ALLOCATE) != rec.devices:
+        if not _carries(pod, rec):
             if not fresh:  # the watch has not shown the assignment write yet: ask the API
                 return self._checked(b, fresh=True)
             return self._refuse(b, f"its {keys.VGPU_NODE}/{keys.DEVICES_TO_ALLOCATE} annotations are not "
@@ -201,8 +206,7 @@ class Binder:
             pod = self.pods.schedulable(b.namespace, b.name, b.uid, fresh=True)
         except (PodRefused, KubeError) as exc:
             return None, str(exc)
-        ann = annotations(pod)
-        if ann.get(keys.VGPU_NODE) != rec.node or ann.get(keys.DEVICES_TO_ALLOCATE) != rec.devices:
+        if not _carries(pod, rec):
             return None, f"no longer carries this extender's decision in {keys.DEVICES_TO_ALLOCATE}"
         return pod, ""
 
