@@ -1,9 +1,13 @@
 """Where /bind takes the pod from (scheduler/binder.py ``_checked``): the pending-pod informer's copy when
 it already carries this extender's decision, so a bind costs no GET; the ``bind-phase`` write is
 conditional on that copy's resourceVersion, so a copy older than the API meets a 409 and the pod is
-checked once more as the API has it. SIMULATED API server; every test ends with the invariant checker."""
+checked once more as the API has it. SIMULATED API server; every test that binds ends with the invariant
+checker."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,12 +31,20 @@ def lock_of(api, node: str) -> str | None:
     return (api.get("Node", None, node)["metadata"].get("annotations") or {}).get(keys.NODE_LOCK)
 
 
-def test_bind_takes_the_pod_from_the_informer_when_it_shows_the_decision(api_server):
-    api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
-    p = create(api_server, gpu_pod("p", mem=1000))
-    with extender(api_server) as (app, ext):
+@contextmanager
+def filtered(api) -> Iterator[tuple]:
+    """One 1-GPU node, one pod filtered onto it by a running extender whose informer already shows the
+    decision: (app, extender client, pod)."""
+    api.create(gpu_node("gpu-1", gpus=1, mem=8000))
+    p = create(api, gpu_pod("p", mem=1000))
+    with extender(api) as (app, ext):
         assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
         assert wait_for(lambda: informer_shows_decision(app, "p"))
+        yield app, ext, p
+
+
+def test_bind_takes_the_pod_from_the_informer_when_it_shows_the_decision(api_server):
+    with filtered(api_server) as (app, ext, p):
         before = pod_gets(api_server, "p")
         assert bind(ext, p) == {"Error": ""}
         assert pod_gets(api_server, "p") == before, "the bind read the pod although its copy was current"
@@ -43,11 +55,7 @@ def test_bind_takes_the_pod_from_the_informer_when_it_shows_the_decision(api_ser
 
 
 def test_a_conflict_on_the_bind_phase_write_checks_the_pod_afresh_and_binds(api_server):
-    api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
-    p = create(api_server, gpu_pod("p", mem=1000))
-    with extender(api_server) as (app, ext):
-        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
-        assert wait_for(lambda: informer_shows_decision(app, "p"))
+    with filtered(api_server) as (app, ext, p):
         # the copy was current when checked, the API moved on (a 409, as after a label change)
         api_server.inject_fault(409, method="PATCH", path_regex=r"/pods/p$")
         before = pod_gets(api_server, "p")
@@ -61,11 +69,7 @@ def test_a_decision_changed_behind_the_copy_fails_the_bind_and_releases_the_lock
     """Whether the informer has seen the change yet or not, nothing is bound and the lock is not kept:
     a current copy refuses before the lock, a stale one meets the conditional write's 409 and the fresh
     read no longer carries the decision."""
-    api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
-    p = create(api_server, gpu_pod("p", mem=1000))
-    with extender(api_server) as (app, ext):
-        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
-        assert wait_for(lambda: informer_shows_decision(app, "p"))
+    with filtered(api_server) as (app, ext, p):
         api_server.patch("pods", "default", "p", {"metadata": {"annotations": {
             keys.DEVICES_TO_ALLOCATE: "GPU-forged,NVIDIA,8000,100:;"}}})
         res = bind(ext, p)
@@ -79,11 +83,7 @@ def test_a_decision_changed_behind_the_copy_fails_the_bind_and_releases_the_lock
 def test_a_stale_copy_meets_the_conditional_write_and_the_fresh_read_refuses(api_server):
     """The stale path made certain: the pending-pod informer is stopped after it showed the decision,
     so its copy still carries it when the decision is changed in the API."""
-    api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
-    p = create(api_server, gpu_pod("p", mem=1000))
-    with extender(api_server) as (app, ext):
-        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
-        assert wait_for(lambda: informer_shows_decision(app, "p"))
+    with filtered(api_server) as (app, ext, p):
         app.sync.pending_informer.stop()
         api_server.patch("pods", "default", "p", {"metadata": {"annotations": {
             keys.DEVICES_TO_ALLOCATE: "GPU-forged,NVIDIA,8000,100:;"}}})
