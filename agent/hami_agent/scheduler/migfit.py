@@ -67,8 +67,6 @@ def custom_filter(profiles: Sequence[MigProfile], occupied: Sequence[MigPlacemen
     return select_candidate(profiles, used, memreq) is not None
 
 
-
-
 def largest_free_profile(profiles: Sequence[MigProfile], occupied: Sequence[MigPlacement]) -> int:
     """The most memory (MiB) one more instance on this GPU can have: the largest profile with a free
     placement (0: none). ``custom_filter`` refuses any request above it, so it bounds what the GPU's

@@ -120,10 +120,11 @@ class _PrefixStates:
         with self._lock:
             start, h = 0, _FNV32_OFFSET
             for k in range(len(pieces), 0, -1):
-                known = self._states.get(tuple(pieces[:k]))
+                prefix = tuple(pieces[:k])
+                known = self._states.get(prefix)
                 if known is not None:
                     start, h = k, known
-                    self._states.move_to_end(tuple(pieces[:k]))
+                    self._states.move_to_end(prefix)
                     break
             for k in range(start, len(pieces)):
                 h = fnv32a(pieces[k].encode("utf-8"), h)
