@@ -678,8 +678,8 @@ def figures(results: dict[str, Any], *, forks: int, cores: int, rtt_s: float) ->
     fixed, _ = model.fit_linear(xs, [r["wall_s"] for r in sizes]) if len(xs) > 1 else (0.0, 0.0)
     params = model.Params(
         tasks_per_host=big["tasks_per_host"],
-        main_s=model.fit_linear(xs, main),
-        worker_s=model.fit_linear(xs, work),
+        main_s=model.fit_growth(xs, main),
+        worker_s=model.fit_growth(xs, work),
         host_s=sum(host) / len(host),
         fixed_s=max(0.0, fixed),
     )

@@ -80,6 +80,13 @@ def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def fit_growth(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """``fit_linear`` for a cost per host-task that may grow with the fleet, never extrapolated downwards: a
+    negative slope (noise between runs) gives the mean and no growth."""
+    a, b = fit_linear(xs, ys)
+    return (a, b) if b >= 0 else (sum(ys) / len(ys), 0.0)
+
+
 def growth(points: Sequence[tuple[int, float]]) -> list[tuple[int, int, float, float]]:
     """(n1, n2, value ratio, host ratio) between consecutive sizes (linear: value ratio = host ratio)."""
     pts = sorted(points)

@@ -61,6 +61,8 @@ def test_fit_and_growth() -> None:
     assert model.fit_linear([25], [3.0]) == (3.0, 0.0)
     with pytest.raises(ValueError):
         model.fit_linear([], [])
+    assert model.fit_growth([25, 50, 100], [0.012, 0.011, 0.010]) == pytest.approx((0.011, 0.0))  # not down
+    assert model.fit_growth([25, 50], [0.01, 0.02]) == pytest.approx((0.0, 0.0004))
     g = model.growth([(50, 20.0), (25, 10.0), (100, 45.0)])
     assert [(a, b) for a, b, _, _ in g] == [(25, 50), (50, 100)]
     assert g[0][2:] == (2.0, 2.0) and g[1][2] == pytest.approx(2.25)
