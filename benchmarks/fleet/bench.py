@@ -58,6 +58,7 @@ VARIANTS = (
     "gather-subset",
     "free-quiet",
     "poll",
+    "nopipe",
     "podman",
     "profile",
     "cprofile",
@@ -104,6 +105,8 @@ def variant_env(name: str, forks: int, run_dir: Path) -> dict[str, str]:
             "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache_dir),
             "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400",
         }
+    if name == "nopipe":  # modules copied to a temporary directory and run, as without pipelining over ssh
+        return {**env, "HAMI_FLEETBENCH_NO_PIPELINING": "1", "ANSIBLE_PIPELINING": "False"}
     if name == "profile":
         return {**env, "HAMI_FLEET_PROFILE": "1"}
     if name == "cprofile":

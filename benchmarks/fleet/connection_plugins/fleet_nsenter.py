@@ -77,6 +77,12 @@ class Connection(ConnectionBase):
     always_pipeline_modules = True
     default_user = "root"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.environ.get("HAMI_FLEETBENCH_NO_PIPELINING"):  # the benchmark's `nopipe` variant
+            self.has_pipelining = False
+            self.always_pipeline_modules = False
+
     def _connect(self):
         if not self._connected:
             self._t = _target(self.get_option("remote_addr"))
