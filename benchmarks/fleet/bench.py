@@ -818,7 +818,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--roll-window", type=float, default=10.0, help="minutes per node's window (default 10)")
     g.add_argument("--roll-max-unavailable", default="10%", help="of the fleet's GPUs (default 10%%)")
     g.add_argument("--roll-serial", default="10%", help="nodes per batch (default 10%%)")
-    g.add_argument("--roll-max-per-domain", type=int, default=None)
+    g.add_argument(
+        "--roll-max-per-domain",
+        type=int,
+        default=None,
+        help="nodes out per failure domain (default: max unavailable spread over the domains; 0: none)",
+    )
+    g.add_argument("--roll-jitter", type=float, default=0.0, help="windows vary by +- this share (default 0)")
+    g.add_argument(
+        "--roll-held-back",
+        choices=("later", "next"),
+        default="later",
+        help="where admit's held-back nodes go: a later pass (site.yml) or the next batch",
+    )
     g.add_argument("--roll-domains", type=int, default=20)
     g.add_argument("--roll-seed", type=int, default=26)
     args = p.parse_args(argv)
@@ -847,6 +859,8 @@ def run_roll(args: argparse.Namespace) -> dict[str, Any]:
         max_per_domain=args.roll_max_per_domain,
         domains=args.roll_domains,
         seed=args.roll_seed,
+        window_jitter=args.roll_jitter,
+        held_back=args.roll_held_back,
     )
     try:
         planner = roll.load_planner()

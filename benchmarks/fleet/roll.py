@@ -62,10 +62,10 @@ class Config:
     gpus: int = 8
     domains: int = 20
     window_s: float = 600.0
-    window_jitter: float = 0.2           # each window: window_s * uniform(1 - j, 1 + j)
+    window_jitter: float = 0.0           # each window: window_s * uniform(1 - j, 1 + j)
     serial: str = "10%"
     max_unavailable: str = "10%"         # of the fleet's GPUs
-    max_per_domain: int | None = None    # None: max_unavailable's nodes spread over the domains (at least 1)
+    max_per_domain: int | None = None    # None: max_unavailable's nodes spread over the domains; 0: no bound
     canary: bool = True
     out_nodes: int = 5                   # cordoned by an operator before the roll; they stay cordoned
     utilization: float = 0.85
@@ -78,6 +78,8 @@ class Config:
     seed: int = 26
     limit_s: float = 24 * 3600.0
     stall_s: float = 3600.0              # give up when nothing could start for this long
+    held_back: str = "later"             # admit's held-back nodes: a "later" pass (site.yml), "next" batch
+    order: str = "inventory"             # the roll's order: "inventory" (node name) or "budgets" (spread)
 
 
 @dataclass
@@ -266,6 +268,26 @@ def build(cfg: Config) -> Cluster:
     return c
 
 
+def spread_by_budget(c: Cluster, roll: list[str]) -> list[str]:
+    """An order in which first-fit batches spread each budget's nodes over the batches: the k-th node of
+    every budget before the (k+1)-th of any, the nodes no budget limits spread evenly between them."""
+    seen: dict[str, int] = defaultdict(int)
+    rank: dict[str, float] = {}
+    free = []
+    for n in roll:
+        budgets = {c.pods[p].budget for p in c.on_node[n] if c.pods[p].budget}
+        if not budgets:
+            free.append(n)
+            continue
+        rank[n] = max(seen[b] for b in budgets)
+        for b in budgets:
+            seen[b] += 1
+    top = max(rank.values(), default=0) + 1
+    for i, n in enumerate(free):
+        rank[n] = i * top / max(1, len(free))
+    return sorted(roll, key=lambda n: (rank[n], roll.index(n)))
+
+
 def planner_view(c: Cluster, rollout: ModuleType, members: list[str]) -> tuple[Any, list[Any]]:
     """The planner's ``Fleet`` (every node; each budget's allowed disruptions now) and ``members`` as its
     Nodes (with the budgets their pods belong to)."""
@@ -288,9 +310,11 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
     c = build(cfg)
     rng = random.Random(cfg.seed + 1)
     roll = [n for n in c.gpus_of if n not in c.keeps_out]
+    if cfg.order == "budgets":
+        roll = spread_by_budget(c, roll)
     fleet, nodes = planner_view(c, rollout, roll)
-    per_domain = cfg.max_per_domain
-    if per_domain is None:
+    per_domain = cfg.max_per_domain or None
+    if cfg.max_per_domain is None:
         total = rollout.resolve(cfg.max_unavailable, fleet.total_gpus, "max_unavailable") or fleet.total_gpus
         per_domain = max(1, math.ceil(total / cfg.gpus / cfg.domains))
     bounds = rollout.Bounds.read(cfg.serial, cfg.max_unavailable, per_domain, cfg.canary, len(roll), fleet)
@@ -324,6 +348,11 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
             queue.insert(0, members)
             step(cfg.retry_s)
             continue
+        if wait and cfg.held_back == "next":
+            if queue:
+                queue[0] = [n for n in members if n in wait] + queue[0]
+            else:
+                queue.append([n for n in members if n in wait])
         last_start = c.now
         start = c.now
         window = {n: cfg.window_s * rng.uniform(1 - cfg.window_jitter, 1 + cfg.window_jitter) for n in go}
