@@ -525,6 +525,7 @@ class Bench:
             "actions": model.cost_by(doc, names, "action")[:15],
             "task_walls": model.task_walls(doc)[:15],
             "memory": cgroup_memory_bytes(),
+            "cprofile": top_functions((env or {}).get("HAMI_FLEET_CPROFILE", "")),
             "log": r["log"],
             "env": env or {},
             "connection": connection,
@@ -604,6 +605,19 @@ class Bench:
         self.procs.stop_all(["kubelets", "kubelets-gold"])
         if self.api is not None:
             self.api.stop()
+
+
+def top_functions(path: str, n: int = 20) -> list[dict[str, Any]]:
+    """The main process's costliest functions in a cProfile file (own time), or [] without one."""
+    if not path or not Path(path).exists():
+        return []
+    import pstats
+
+    st = pstats.Stats(path)
+    rows = []
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls": nc, "own_s": tt, "cum_s": ct})
+    return sorted(rows, key=lambda r: -r["own_s"])[:n]
 
 
 def _system_cpu() -> float:
