@@ -756,6 +756,15 @@ def report(results: dict[str, Any], forks: int, cores: int, rtt_s: float) -> Non
                 f"controller {r['cpu']['controller_s']:.1f} CPU-s, tasks/host {r['tasks_per_host']:.1f}, "
                 f"changed {r['changed']}"
             )
+            c, bc = r["cpu"], (b or {}).get("cpu", {})
+            print(
+                f"  {'':<14} main work {c['main_work_s']:.1f} (base {bc.get('main_work_s', 0):.1f}), spin "
+                f"{c['main_spin_s']:.1f}, poll {c['main_poll_s']:.1f}, workers {c['workers_s']:.1f} "
+                f"({bc.get('workers_s', 0):.1f}), hosts {c['host_s']:.1f} ({bc.get('host_s', 0):.1f}) CPU-s"
+            )
+            for f in r.get("cprofile", [])[:12]:
+                print(f"      {f['own_s']:7.2f} s own {f['cum_s']:7.2f} s cum {f['calls']:>8} calls  "
+                      f"{f['function']}")
     rows, proj = figures(results, forks=forks, cores=cores, rtt_s=rtt_s)
     if proj:
         p = proj["projection"]
