@@ -170,6 +170,16 @@ class Bench:
         self.paused: set[str] = set()
 
     # -------------------------------------------------------------------------------- infrastructure
+    def check_inotify(self, n: int) -> None:
+        from benchmarks.fleet.hosts import inotify_limit, inotify_needed
+
+        have, need = inotify_limit(), inotify_needed(n)
+        if have is not None and have < need:
+            raise SystemExit(
+                f"fleet: fs.inotify.max_user_instances is {have}; {n} systemd containers need about {need} "
+                f"(else their boot stalls): sysctl -w fs.inotify.max_user_instances={max(need, 8192)}"
+            )
+
     def check_ports(self, n: int) -> None:
         from sandbox.cluster import port_free
 
@@ -548,6 +558,7 @@ class Bench:
         sizes = sorted(args.sizes)
         biggest = max(sizes + ([args.variant_size] if args.variants else []))
         self.check_ports(biggest)
+        self.check_inotify(biggest)
         for sub in ("logs", "pids"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.start_api()

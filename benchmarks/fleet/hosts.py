@@ -241,6 +241,23 @@ class Fleet:
         return names
 
 
+# systemd, journald and dbus of each container hold inotify instances of uid 0, which the kernel counts
+# machine-wide (fs.inotify.max_user_instances, often 128): past ~30 containers the next ones' path units
+# fail ("Result: resources") and their boot stalls in "initializing".
+INOTIFY_PER_HOST = 8
+
+
+def inotify_needed(n_hosts: int) -> int:
+    return 256 + INOTIFY_PER_HOST * n_hosts
+
+
+def inotify_limit() -> int | None:
+    try:
+        return int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def env_of(inspect_doc: dict) -> dict[str, str]:
     env = {}
     for item in (inspect_doc.get("Config") or {}).get("Env") or []:
