@@ -235,9 +235,17 @@ class Fleet:
         return pending
 
     def remove_all(self) -> list[str]:
+        """Remove every container with the fleet's label (a batch ``rm`` can leave some behind: retried
+        one by one)."""
         names = podman.sandbox_containers(LABEL)
         for k in range(0, len(names), 20):
             podman.cli("rm", "-f", "-t", "3", *names[k : k + 20], timeout_s=300, check=False)
+        for _ in range(3):
+            left = podman.sandbox_containers(LABEL)
+            if not left:
+                break
+            for n in left:
+                podman.cli("rm", "-f", "-t", "3", n, timeout_s=120, check=False)
         return names
 
 
