@@ -52,8 +52,13 @@ MSG_MAX = 400
 
 
 def _clip(text, limit=MSG_MAX):
+    """One line, at most ``limit`` characters: the head (what failed) and the tail (why; tools print the
+    cause last, e.g. apt's "Unable to acquire the dpkg frontend lock" after the whole command line)."""
     text = " ".join(str(text or "").split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return text[:head] + " ... " + text[-(limit - head - 5):]
 
 
 class HostRecord:

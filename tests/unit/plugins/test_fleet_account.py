@@ -102,8 +102,11 @@ def test_a_node_waiting_for_headroom_is_deferred_unless_the_roll_stopped() -> No
     assert v["state"] == "skipped" and "the roll stopped" in v["detail"]
 
 
-def test_long_messages_are_clipped_to_one_line() -> None:
+def test_long_messages_keep_their_head_and_their_cause_on_one_line() -> None:
     a = account()
-    a.failed("n", {"msg": "line one\nline two " + "x" * 2000}, False)
+    a.failed("n", {"msg": "'/usr/bin/apt-get install\n" + "pkg " * 500 + "' failed: E: Unable to acquire the "
+                          "dpkg frontend lock"}, False)
     detail = a.result()["nodes"]["n"]["detail"]
-    assert "\n" not in detail and len(detail) <= fa.MSG_MAX and detail.endswith("...")
+    assert "\n" not in detail and len(detail) <= fa.MSG_MAX
+    assert detail.startswith("'/usr/bin/apt-get install") and detail.endswith("dpkg frontend lock")
+    assert " ... " in detail
