@@ -25,7 +25,7 @@ from devcheck.core import FAIL, NOT_SUPPORTED, PASS, REPO, SKIPPED, CheckError, 
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
-HOLD_S = 40  # how long a probe may hold its memory (it is told to stop as soon as the check is done)
+HOLD_S = 90  # how long a probe may hold its memory (it is told to stop as soon as the check is done)
 
 
 # ----------------------------------------------------------------------------------------- setup
@@ -132,8 +132,8 @@ def _stand_in_workload(ctx: Ctx, gpu_index: int, mem_mib: int) -> tuple[subproce
     GPU, which is 63 % busy (gpusim's state: what NVML will answer)."""
     from tests.gpusim import gpusim_state as gs
 
-    proc = ctx.procs.start("stand-in workload", [sys.executable, "-c", "import time; time.sleep(120)"],
-                           ctx.env, None)
+    proc = ctx.procs.start("stand-in workload", [sys.executable, "-c", "import time; time.sleep(120)",
+                                                 str(ctx.work)], ctx.env, None)
     state = ctx.facts["gpusim_state"]
 
     def edit(s: dict) -> None:
@@ -313,32 +313,44 @@ def _container_env(alloc: dict[str, Any], lib_in_container: str) -> dict[str, st
     return env
 
 
-def _namespace_script(alloc: dict[str, Any], argv: list[str], created: list[Path]) -> tuple[list[str], str]:
-    """A shell line that, in a new mount namespace, bind-mounts Allocate's mounts (shallowest first, as a
-    container runtime orders them) and execs ``argv``."""
+def _namespace_script(alloc: dict[str, Any], argv: list[str], created: list[Path],
+                      stage: Path) -> tuple[list[str], str]:
+    """A shell line that, in a new mount namespace, bind-mounts Allocate's mounts and execs ``argv``.
+
+    A container runtime binds host paths into another root; here host and container paths share one tree
+    (the cache dir is mounted over ``<hook>/vgpu``, which holds the host's libvgpu.so). So every host path is
+    first bound to ``stage/<i>`` (captured before anything is mounted over it), then the container paths are
+    mounted from there, shallowest first as runtimes order them."""
     import shlex
 
     lines = ["set -e", "mount --make-rprivate / 2>/dev/null || true"]
     mounts = sorted(alloc["mounts"], key=lambda m: m["containerPath"].rstrip("/").count("/"))
     skipped = []
-    for m in mounts:
+    plan = []
+    for i, m in enumerate(mounts):
         cp, hp = m["containerPath"], m["hostPath"]
         if cp == "/etc/ld.so.preload" and not os.path.exists(cp):
             skipped.append("/etc/ld.so.preload (no such file on the host to mount over; LD_PRELOAD does "
                            "its job)")
             continue
+        staged = stage / str(i)
         if os.path.isdir(hp):
+            staged.mkdir(parents=True, exist_ok=True)
             if not os.path.exists(cp):
                 Path(cp).mkdir(parents=True, exist_ok=True)
                 created.append(Path(cp))
         else:
-            # the file mountpoint must exist once the shallower mounts are in place: made inside the
-            # namespace (a container runtime creates it the same way)
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.touch()
+        lines.append(f"mount --bind {shlex.quote(hp)} {shlex.quote(str(staged))}")
+        plan.append((staged, cp, bool(m.get("readOnly")), os.path.isdir(hp)))
+    for staged, cp, ro, is_dir in plan:
+        if not is_dir:
+            # a file mountpoint must exist once the shallower mounts are in place (a runtime creates it too)
             lines.append(f"[ -e {shlex.quote(cp)} ] || : > {shlex.quote(cp)}")
-        ro = " -o ro" if m.get("readOnly") and os.path.isdir(hp) else ""
-        lines.append(f"mount --bind {shlex.quote(hp)} {shlex.quote(cp)}")
-        if m.get("readOnly"):
-            lines.append(f"mount -o remount,bind,ro {shlex.quote(cp)} 2>/dev/null || true{ro and ''}")
+        lines.append(f"mount --bind {shlex.quote(str(staged))} {shlex.quote(cp)}")
+        if ro:
+            lines.append(f"mount -o remount,bind,ro {shlex.quote(cp)} 2>/dev/null || true")
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     ns = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)]
     return ns, "; ".join(skipped)
@@ -371,7 +383,7 @@ def run_probe(ctx: Ctx, mib: int, hold: int,
     how = "no HAMi-core (control)"
     if preload:
         created: list[Path] = []
-        ns_argv, skipped = _namespace_script(alloc, argv, created)
+        ns_argv, skipped = _namespace_script(alloc, argv, created, ctx.work / "nsstage" / str(mib))
         for p in created:
             ctx.cleanups.append(lambda p=p: p.rmdir() if p.is_dir() and not any(p.iterdir()) else None)
         if ctx.facts.get("mount_namespace", True) and shutil.which("unshare"):
@@ -471,6 +483,8 @@ def _mkregion(ctx: Ctx) -> Path:
 
 
 def check_hami_core_region(ctx: Ctx) -> Result:
+    if not ctx.dry_run and not ctx.facts.get("hami_core_src"):
+        return Result(SKIPPED, "no HAMi-core source tree given (--hami-core-src)")
     if "share_allocation" not in ctx.facts:
         raise CheckError("no Allocate answer for the share (see device-plugin)")
     alloc = ctx.facts["share_allocation"]
@@ -493,8 +507,6 @@ def check_hami_core_region(ctx: Ctx) -> Result:
             raise CheckError(f"mkregion live did not start: {first!r}")
         holder, writer = int(first.split()[1]), "tests/shrreg/mkregion (HAMi-core's v1.2 layout; dry run)"
     else:
-        if not ctx.facts.get("hami_core_src"):
-            return Result(SKIPPED, "no HAMi-core source tree given (--hami-core-src)")
         held = ctx.facts.get("probe_3072")
         if not held:
             raise CheckError("the 3072 MiB probe is not holding its memory (see hami-core-limits)")
