@@ -314,7 +314,7 @@ def _container_env(alloc: dict[str, Any], lib_in_container: str) -> dict[str, st
 
 
 def _namespace_script(alloc: dict[str, Any], argv: list[str], created: list[Path],
-                      stage: Path) -> tuple[list[str], str]:
+                      stage: Path, preload: str | None = None) -> tuple[list[str], str]:
     """A shell line that, in a new mount namespace, bind-mounts Allocate's mounts and execs ``argv``.
 
     A container runtime binds host paths into another root; here host and container paths share one tree
@@ -351,6 +351,8 @@ def _namespace_script(alloc: dict[str, Any], argv: list[str], created: list[Path
         lines.append(f"mount --bind {shlex.quote(str(staged))} {shlex.quote(cp)}")
         if ro:
             lines.append(f"mount -o remount,bind,ro {shlex.quote(cp)} 2>/dev/null || true")
+    if preload:  # only for the program itself: the mount commands above must not load libvgpu.so
+        lines.append(f"export LD_PRELOAD={shlex.quote(preload)}")
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     ns = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)]
     return ns, "; ".join(skipped)
@@ -383,7 +385,8 @@ def run_probe(ctx: Ctx, mib: int, hold: int,
     how = "no HAMi-core (control)"
     if preload:
         created: list[Path] = []
-        ns_argv, skipped = _namespace_script(alloc, argv, created, ctx.work / "nsstage" / str(mib))
+        ns_argv, skipped = _namespace_script(alloc, argv, created, ctx.work / "nsstage" / str(mib),
+                                             preload=env.pop("LD_PRELOAD", None))
         for p in created:
             ctx.cleanups.append(lambda p=p: p.rmdir() if p.is_dir() and not any(p.iterdir()) else None)
         if ctx.facts.get("mount_namespace", True) and shutil.which("unshare"):
