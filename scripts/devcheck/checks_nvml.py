@@ -93,14 +93,6 @@ def _mib(text: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _smi_numa(gpu: ET.Element) -> tuple[str | None, str]:
-    """A NUMA element if this nvidia-smi version has one (any tag naming numa), else None."""
-    for el in gpu.iter():
-        if "numa" in el.tag.lower() and el.text and el.text.strip():
-            return el.text.strip(), f"nvidia-smi -q -x <{el.tag}>"
-    return None, ""
-
-
 def _topo_numa(ctx: Ctx) -> dict[int, str]:
     """``nvidia-smi topo -m``: the NUMA Affinity column per GPU index (real nvidia-smi; the gpusim stub
     has no ``topo``)."""
@@ -207,8 +199,10 @@ def check_inventory(ctx: Ctx) -> Result:
         arch = architecture(g["name"])
         row(i, "compute_capability", arch[1] if arch else None, cc_by_bus.get(bus),
             "--query-gpu=compute_cap (the agent derives it from the product name: dra/devices.py)")
-        numa_ref, numa_src = _smi_numa(sg)
-        if numa_ref is None and i in topo:
+        # -q -x carries no CPU-affinity NUMA node (a "GPU NUMA ID" is the GPU memory's own node on
+        # coherent systems, another thing): topo -m's NUMA Affinity column, else sysfs
+        numa_ref, numa_src = None, ""
+        if i in topo:
             numa_ref, numa_src = topo[i], "nvidia-smi topo -m, NUMA Affinity"
         if numa_ref is None and not ctx.dry_run:
             numa_ref, numa_src = _sysfs_numa(bus), "/sys/bus/pci/devices/<bdf>/numa_node"

@@ -443,6 +443,10 @@ def check_hami_core_limits(ctx: Ctx) -> Result:
     proc, ctl, what = run_probe(ctx, 6144, 0, preload=False)
     _finish(ctx, proc)
     details["control_6144_without_hami_core"] = ctl
+    # 6 GiB over the 4 GiB limit, alone in the region: the allocation itself is refused
+    proc6, r6, _ = run_probe(ctx, 6144, 0)
+    _finish(ctx, proc6)
+    details["alloc_6144"] = r6
     # 3 GiB under the 4 GiB limit: fits; held for the region check
     proc3, r3, how = run_probe(ctx, 3072, HOLD_S)
     details["alloc_3072"], details["how"] = r3, how
@@ -452,12 +456,8 @@ def check_hami_core_limits(ctx: Ctx) -> Result:
                          f"{ctx.log_path('probe-3072.log').read_text(errors='replace')[-500:]}")
     ctx.facts["probe_3072"] = (proc3, r3)
     ctx.cleanups.append(lambda: _finish(ctx, proc3))
-    region = _region_path(ctx)
-    _wait_region(ctx, region)
-    proc6, r6, _ = run_probe(ctx, 6144, 0)
-    _finish(ctx, proc6)
-    details["alloc_6144"] = r6
-    if not r6 or r6.get("ok") or "memory" not in str(r6.get("error")).lower():
+    _wait_region(ctx, _region_path(ctx))
+    if not r6 or r6.get("ok") or r6.get("stage") == "context" or "memory" not in str(r6.get("error")).lower():
         raise CheckError(f"6144 MiB under a {SHARE_MIB} MiB limit was not refused with out-of-memory: {r6} "
                          f"(control without HAMi-core: {ctl})")
     ctl_note = "control without HAMi-core: 6144 MiB " + ("fits" if ctl and ctl.get("ok") else f"{ctl}")
