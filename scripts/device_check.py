@@ -136,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r.name for r in records if r.status == FAIL]
     rc = 0 if not failed and not not_reached and not interrupted else 1
     dev = ctx.facts.get("devices") or {}
+    cuda = dev.get("cuda_driver_version")
     meta = {
         "mode": "dry-run (gpusim)" if dry else "real",
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "python": platform.python_version(),
         "device": ", ".join(f"{g['name']} {g['memory_mib']} MiB" for g in dev.get("gpus", [])) or None,
-        "driver": dev.get("driver_version"), "cuda": dev.get("cuda_driver_version"),
+        "driver": dev.get("driver_version"),
+        "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) and cuda > 0 else None,
         "hami_core": ctx.facts.get("hami_core_commit") or (args.hami_core_src or "no source tree given"),
         "nvml_lib": nvml_lib or "system", "deadline_s": args.deadline,
         "total_s": round(time.monotonic() - started, 1), "exit_code": rc, "failed": failed,

@@ -23,6 +23,7 @@ SPLIT = 4
 DRA_DRIVER = "gpu.hami.io"
 GPA_CALLS = 300
 GPA_P99_LIMIT_S = 0.05  # the RPC answers from memory; the kubelet's budget is the plugin's 2 s deadline
+GPA_P99_LIMIT_DRY_S = 0.25  # dry run: the simulators, the plugin and the test suite share two busy cores
 SHARE_MIB, SHARE_CORES = 4096, 30  # the HAMi-core check's share (issue 30)
 
 
@@ -213,9 +214,11 @@ def check_device_plugin(ctx: Ctx) -> Result:
     if status != 200 or not ok_metric:
         raise CheckError(f"/metrics answered {status} without 2 successful allocations")
     ctx.save("device-plugin.json", details)
-    if p99 > GPA_P99_LIMIT_S:
+    limit = GPA_P99_LIMIT_DRY_S if ctx.dry_run else GPA_P99_LIMIT_S
+    details["get_preferred_allocation_s"]["p99_limit"] = limit
+    if p99 > limit:
         return Result(FAIL, f"GetPreferredAllocation p99 {p99 * 1000:.1f} ms over {len(lat)} calls, limit "
-                            f"{GPA_P99_LIMIT_S * 1000:.0f} ms", details)
+                            f"{limit * 1000:.0f} ms", details)
     return Result(PASS, f"registered in {reg_s:.2f}s; ListAndWatch {len(devs)} Healthy replicas of "
                         f"{len(gpus)} GPU(s); register annotation devmem {g['memory_mib']} MiB; "
                         f"GetPreferredAllocation p50 {p50 * 1000:.2f} / p99 {p99 * 1000:.2f} / max "

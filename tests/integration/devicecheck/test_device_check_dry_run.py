@@ -80,7 +80,7 @@ def test_device_check_dry_run_on_gpusim(gpusim_lib, tmp_path):  # noqa: F811
     assert "NvmlTimeout in nvmlInit" in by["nvml-stuck"]["evidence"]
     assert "CUDA_DEVICE_MEMORY_LIMIT_0=81559m, then 4096m/30%" in by["device-plugin"]["evidence"]
     gpa = by["device-plugin"]["details"]["get_preferred_allocation_s"]
-    assert gpa["calls"] == 300 and gpa["p99"] < 0.05
+    assert gpa["calls"] == 300 and gpa["p99"] < gpa["p99_limit"] == 0.25  # real hardware: 50 ms
     assert "memory 81559Mi, cores 100" in by["dra"]["evidence"]
     assert "default/hami-core-share used 3072 MiB of 4096 MiB" in by["hami-core-region"]["evidence"]
     assert "no false verdict" in by["doctor"]["evidence"]
