@@ -25,6 +25,7 @@ from typing import Any
 
 from hami_agent.httpserve import HTTPError
 from hami_agent.protocol import keys
+from hami_agent.protocol.names import label_error, subdomain_error
 from hami_agent.protocol.requests import has_hami_resources, resource_int, webhook_resource_defaults
 from hami_agent.scheduler import shapes
 from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
@@ -68,6 +69,7 @@ class Webhook:
 
     def admit(self, req: Any) -> dict:
         _check_request(req)
+        _check_names(req)
         pod = req.get("object")
         kind = (req.get("kind") or {}).get("kind")  # the webhook is registered for pods only
         creating = req.get("operation", "CREATE") == "CREATE"
@@ -188,6 +190,25 @@ def _check_request(req: Any) -> None:
                                              else ""}})
     except HTTPError as exc:
         raise BadRequest(exc.message) from None
+
+
+def _check_names(req: dict) -> None:
+    """The namespace and pod name a review carries, checked before any use (the namespace's labels and
+    quota are read from the API by it). Mutating admission runs before the API server validates the
+    object, so a name may be empty (``generateName``) but, when given, must be one the server accepts."""
+    obj = req.get("object") if isinstance(req.get("object"), dict) else {}
+    md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    for field, value, check in (("AdmissionReview.request.namespace", req.get("namespace"), label_error),
+                                ("AdmissionReview.request.name", req.get("name"), subdomain_error),
+                                ("AdmissionReview.request.object.metadata.namespace", md.get("namespace"),
+                                 label_error),
+                                ("AdmissionReview.request.object.metadata.name", md.get("name"),
+                                 subdomain_error)):
+        if value in (None, ""):
+            continue
+        err = check(value)
+        if err:
+            raise BadRequest(f"{field}: {err}")
 
 
 def _deny(message: str) -> dict:
