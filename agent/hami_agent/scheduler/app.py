@@ -19,6 +19,7 @@ from hami_agent.scheduler.leadership import (
     Forwarder,
     ForwardSettings,
     LeaderGate,
+    advertise_identity,
     default_advertise_url,
 )
 from hami_agent.scheduler.lockwait import NodeLockWaiter
@@ -56,6 +57,10 @@ class SchedulerApp:
             from hami_agent.k8s.leader import LeaderElector
 
             kw = dict(leader_kwargs or {})
+            if advertise_url and "identity" not in kw:
+                # the identity names the host of the URL followers forward to, which is a name the serving
+                # certificate carries: a follower checks that the certificate names the Lease holder
+                kw["identity"] = advertise_identity(advertise_url)
             self.elector = LeaderElector(client, lease_namespace, lease_name,
                                          on_started_leading=self.gate.started_leading,
                                          on_stopped_leading=self.gate.stopped_leading, **kw)
@@ -108,6 +113,8 @@ class SchedulerApp:
         if self.elector is not None:  # followers forward /filter and /bind to this URL while we lead
             self.elector.annotations[URL_ANNOTATION] = self.advertise_url
         self.gate.on_ready(lambda: self.healer.submit("audit-now", self._audit_once))
+        self.gate.on_refused = self._forward_refused
+        self.lease_ref = (lease_namespace, lease_name)
         self.metrics_bind = metrics_bind
         self.tune_gc = tune_gc  # process-wide GC settings: the cmd (own process) turns it on, tests do not
         self._sync_waiter: threading.Thread | None = None
@@ -125,6 +132,16 @@ class SchedulerApp:
     def ready(self) -> bool:
         """Synced, and able to answer: the leader with relisted caches, or a follower that can forward."""
         return self.sync.synced() and (self.gate.wait_ready(0) or self.gate.can_forward())
+
+    def _forward_refused(self, why: str, url: str, holder: str) -> None:
+        """A Warning event on the Lease: the operator sees that someone named a leader URL the followers do
+        not trust (the event correlator bounds repeats to a count)."""
+        ns, name = self.lease_ref
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"namespace": ns, "name": name}}
+        self.events.emit(lease, "Warning", "ForwardingRefused",
+                         f"follower {self.gate.identity} refused to forward kube-scheduler's requests to "
+                         f"{url[:200]} (Lease holder {holder[:100] or 'none'}): {why}")
 
     def _namespace_labels(self, ns: str) -> dict:
         obj = self.client.get("namespaces", ns)

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forward-cert-file", default="",
                    help="client certificate presented when forwarding to the leader (mTLS extenders)")
     p.add_argument("--forward-key-file", default="", help="key of --forward-cert-file")
+    p.add_argument("--forward-peers", default="",
+                   help="comma-separated https URLs of the replicas (their --advertise-url): a follower "
+                        "forwards to one of these whoever the Lease names; any other URL on the Lease only "
+                        "when its certificate names the Lease holder")
     p.add_argument("--node-lock-timeout", type=parse_duration,
                    default=parse_duration(os.environ.get("HAMI_NODELOCK_EXPIRE", "5m")),
                    help="node lock expiry (Go duration; env HAMI_NODELOCK_EXPIRE; default 5m)")
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from hami_agent.scheduler.app import SchedulerApp
-    from hami_agent.scheduler.leadership import ForwardSettings
+    from hami_agent.scheduler.leadership import ForwardSettings, normalize_url
     from hami_agent.scheduler.server import parse_bind
 
     logger = logging.getLogger("hami_agent.scheduler")
@@ -194,9 +198,18 @@ def run(args: argparse.Namespace) -> int:
                     leader_kwargs["retry_period_s"] * JITTER):
                 raise ValueError("--leader-elect-lease-duration must exceed --leader-elect-renew-deadline, "
                                  f"which must exceed {JITTER} x --leader-elect-retry-period")
+        peers = _csv(args.forward_peers)
+        bad = [u for u in peers if not (normalize_url(u) or "").startswith("https://")]
+        if bad:
+            raise ValueError(f"--forward-peers: {', '.join(bad)}: want https://host:port (kube-scheduler's "
+                             "requests are never forwarded in clear text)")
+        if args.leader_elect and not args.forward_ca_file:
+            logger.warning("--leader-elect without --forward-ca-file: this replica will not forward to a "
+                           "leader (followers verify the leader against the replicas' CA, never the system "
+                           "trust store); kube-scheduler's calls to it fail while it follows")
         forward = ForwardSettings(ca_file=args.forward_ca_file or None,
                                   cert_file=args.forward_cert_file or None,
-                                  key_file=args.forward_key_file or None)
+                                  key_file=args.forward_key_file or None, peers=peers)
         serving = build_serving(args)
         if args.audit_interval < 1:
             raise ValueError(f"--audit-interval {args.audit_interval:g}s: want at least 1s")

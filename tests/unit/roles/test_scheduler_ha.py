@@ -116,3 +116,16 @@ def test_argument_specs_document_every_ha_variable():
         assert var in defaults and options[var]["description"], var
     assert [options[f"hami_scheduler_leader_elect_{k}"]["default"]
             for k in ("lease_duration", "renew_deadline", "retry_period")] == [15, 10, 2]
+
+
+def test_followers_forward_to_the_plays_scheduler_hosts_only_over_https():
+    """Issue 27 item 4: --forward-peers lists every scheduler host's advertise URL (a per-host override from
+    the inventory wins); a clear-text URL is never passed (the agent would refuse it anyway)."""
+    args = scheduler_args(ansible_play_hosts_all=["control-1", "control-2", "control-3"],
+                          hostvars={"control-1": {}, "control-2": {"hami_scheduler_port": 19443},
+                                    "control-3": {"hami_scheduler_advertise_url": "https://sched-3.example:443"}})
+    assert args.forward_peers.split(",") == ["https://control-1:9443", "https://control-2:19443",
+                                             "https://sched-3.example:443"]
+    assert scheduler_cmd._csv(args.forward_peers)
+    plain = scheduler_args(hami_scheduler_tls=False, hami_scheduler_bind_host="127.0.0.1")
+    assert plain.forward_peers == ""

@@ -38,7 +38,8 @@ def render_env() -> jinja2.Environment:
 def role_vars(*roles: str, **overrides) -> dict:
     """Role defaults (templated values resolved like Ansible does, lazily) plus ``overrides``."""
     env = render_env()
-    raw: dict = {"ansible_managed": "managed by hami.node", "inventory_hostname": "control-1"}
+    raw: dict = {"ansible_managed": "managed by hami.node", "inventory_hostname": "control-1",
+                 "ansible_play_hosts_all": ["control-1"], "hostvars": {"control-1": {}}}
     for role in roles:
         raw.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {})
     raw.update(overrides)
