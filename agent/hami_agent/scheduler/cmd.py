@@ -108,10 +108,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="token: comma-separated TokenReview audiences (default: the API server's)")
     # -- serving bounds (docs/scheduler.md "Serving")
     p.add_argument("--max-connections", type=int, default=1024,
-                   help="open connections of all listeners together; idle ones are evicted for new ones, "
-                        "beyond that 503 (default 1024; the unit's LimitNOFILE allows it)")
+                   help="open connections of each listener group (the extender verbs' listener; the webhook "
+                        "and metrics listeners together); idle ones are evicted for new ones, beyond that "
+                        "503 (default 1024; the unit's LimitNOFILE allows it)")
     p.add_argument("--request-workers", type=int, default=8,
-                   help="request handler threads (default 8); up to 4x as many requests wait, then 503")
+                   help="request handler threads of each listener group (default 8); up to 4x as many "
+                        "requests wait, then 503")
+    p.add_argument("--max-connections-per-peer", type=int, default=128,
+                   help="connections one client address may hold on the webhook and metrics listeners "
+                        "(default 128; its oldest idle one is closed for a new one, else the new one is "
+                        "refused)")
+    p.add_argument("--max-requests-per-peer", type=int, default=16,
+                   help="requests one client address may have in flight on the webhook and metrics "
+                        "listeners (default 16; beyond: 429 with Retry-After)")
+    p.add_argument("--allowed-sources", default="",
+                   help="comma-separated addresses/CIDRs allowed to connect to --bind-address (the webhook's "
+                        "listener: the API servers, probes; default: any). Others are closed before TLS")
     p.add_argument("--profiling", action="store_true",
                    help="serve /debug/pprof/profile?seconds=N (CPU, folded stacks) and "
                         "/debug/pprof/goroutine (thread dump)")
@@ -153,6 +165,7 @@ def _csv(value: str) -> tuple[str, ...]:
 def build_serving(args: argparse.Namespace) -> dict:
     """The ``serving`` keyword arguments of ``SchedulerApp``: authentication and serving bounds."""
     from hami_agent.httpserve import Limits
+    from hami_agent.httpserve.model import PeerLimits, parse_cidrs
     from hami_agent.scheduler.auth import AuthConfig
     from hami_agent.scheduler.server import parse_bind
 
@@ -160,6 +173,8 @@ def build_serving(args: argparse.Namespace) -> dict:
         raise ValueError(f"--max-connections {args.max_connections}: want at least 16")
     if not 1 <= args.request_workers <= 256:
         raise ValueError(f"--request-workers {args.request_workers}: want 1 to 256")
+    if args.max_connections_per_peer < 1 or args.max_requests_per_peer < 1:
+        raise ValueError("--max-connections-per-peer and --max-requests-per-peer: want at least 1")
     if args.extender_auth == "mtls" and not (args.client_ca_file and args.cert_file and args.key_file):
         raise ValueError("--extender-auth=mtls needs --client-ca-file, --cert-file and --key-file")
     if args.client_ca_file and args.extender_auth != "mtls":
@@ -171,7 +186,9 @@ def build_serving(args: argparse.Namespace) -> dict:
            if args.extender_bind_address else None)
     limits = Limits(max_connections=args.max_connections, workers=args.request_workers,
                     max_queued=4 * args.request_workers, max_body=args.max_body_bytes)
-    return {"auth": auth, "extender_bind": ext, "limits": limits}
+    peers = PeerLimits(max_connections=args.max_connections_per_peer, max_inflight=args.max_requests_per_peer,
+                       allowed_sources=parse_cidrs(args.allowed_sources))
+    return {"auth": auth, "extender_bind": ext, "limits": limits, "peers": peers}
 
 
 def run(args: argparse.Namespace) -> int:

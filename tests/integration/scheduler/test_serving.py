@@ -293,7 +293,8 @@ def test_busy_server_answers_503_and_recovers():
         release.wait(20)
         return {"ok": True}
 
-    lim = Limits(workers=1, max_queued=1, header_timeout_s=5, body_timeout_s=5)
+    # a public listener holds a request that finds no handler for queue_wait_s, then answers 503
+    lim = Limits(workers=1, max_queued=1, header_timeout_s=5, body_timeout_s=5, queue_wait_s=0.5)
     srv = ExtenderHTTPServer(routes={"/slow": slow}, limits=lim).start()
     results: list[int] = []
 
