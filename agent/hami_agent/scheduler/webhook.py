@@ -3,8 +3,9 @@
 
 For pods with HAMi resources: set ``schedulerName``, add ``nvidia.com/gpu`` when only memory/cores are
 given, the exclusive default (``gpucores: 100``), ``CUDA_TASK_PRIORITY`` and
-``GPU_CORE_UTILIZATION_POLICY`` envs; deny privileged GPU containers, pods with ``nodeName`` preset,
-and pods over the namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set.
+``GPU_CORE_UTILIZATION_POLICY`` envs; deny privileged GPU containers, pods with ``nodeName`` preset or
+another scheduler's ``schedulerName`` (rivals of the pods HAMi places, issue 27 item 3), and pods over the
+namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set.
 
 The webhook is not a security control: tenants can skip it (``hami.io/webhook=ignore``, their own
 ``schedulerName``) and it never sees an UPDATE. What keeps allocation keys honest is the admission rule
@@ -89,6 +90,15 @@ class Webhook:
         spec = pod.get("spec") or {}
         sched = spec.get("schedulerName") or ""
         if sched and sched not in (DEFAULT_SCHEDULER, self.config.scheduler_name):
+            # another scheduler's pod is not ours to mutate, but one that asks for a HAMi resource would reach
+            # a node as a rival of the pod HAMi locked it for (issue 27 item 3; the admission rule
+            # hami-scheduled-gpu-pods refuses it whatever the labels)
+            for kind in ("initContainers", "containers"):
+                for c in spec.get(kind) or []:
+                    if has_hami_resources(c, names):
+                        return _deny(f"pod requests HAMi resources but schedulerName is {sched}: set "
+                                     f"schedulerName {self.config.scheduler_name} (HAMi places pods that use "
+                                     "its resources)")
             return {"allowed": True}
         new = copy.deepcopy(pod)
         nspec = new.setdefault("spec", {})
