@@ -46,6 +46,15 @@ REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                       "operation": "CREATE", "namespace": "default", "userInfo": {"username": "alice"},
                       "object": POD}}
+# the allocation guard (/validate, scheduler/guard.py): an UPDATE of a scheduled pod by its owner
+SCHEDULED = json.loads(json.dumps(POD))
+SCHEDULED["spec"]["nodeName"] = "gpu-0"
+SCHEDULED["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] = "GPU-a,NVIDIA,1000,10:;"
+VALIDATE = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "v-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "UPDATE",
+                        "namespace": "default", "name": "fuzz", "userInfo": {"username": "alice"},
+                        "object": SCHEDULED, "oldObject": SCHEDULED}}
 ANNOTATION_KEYS = ["nvidia.com/use-gputype", "nvidia.com/nouse-gputype", "nvidia.com/use-gpuuuid",
                    "nvidia.com/nouse-gpuuuid", "hami.io/node-scheduler-policy",
                    "hami.io/gpu-scheduler-policy",
@@ -213,9 +222,15 @@ def test_admission_review_mutations(stack, body):
     stack[1].check("/webhook", json.dumps(body).encode())
 
 
+@FUZZ
+@given(body=mutated(VALIDATE))
+def test_validation_review_mutations(stack, body):
+    stack[1].check("/validate", json.dumps(body).encode())
+
+
 @settings(max_examples=80, deadline=None, database=None)
 @given(raw=st.binary(max_size=512) | st.text(max_size=256).map(str.encode),
-       path=st.sampled_from(["/filter", "/prioritize", "/bind", "/webhook"]))
+       path=st.sampled_from(["/filter", "/prioritize", "/bind", "/webhook", "/validate"]))
 def test_arbitrary_bytes(stack, raw, path):
     code = stack[1].check(path, raw)
     assert code in (200, 400)
@@ -240,6 +255,8 @@ NAME_FIELDS = [
     ("/webhook", REVIEW, ("request", "object", "metadata", "name"), subdomain_error),
     ("/webhook", _with(REVIEW, ("request", "object", "metadata", "namespace"), "default"),
      ("request", "object", "metadata", "namespace"), label_error),
+    ("/validate", VALIDATE, ("request", "namespace"), label_error),
+    ("/validate", VALIDATE, ("request", "name"), subdomain_error),
 ]
 _FIELD_IDS = [f"{p} {'.'.join(map(str, f))}" for p, _t, f, _c in NAME_FIELDS]
 _PLACEHOLDER = "@@NAME@@"

@@ -13,6 +13,7 @@ from hami_agent.scheduler.confirm import GoneCheck
 from hami_agent.scheduler.events import EventSink
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.gctune import settle_heap
+from hami_agent.scheduler.guard import AllocationGuard
 from hami_agent.scheduler.heal import Healer
 from hami_agent.scheduler.leadership import (
     URL_ANNOTATION,
@@ -43,7 +44,7 @@ class SchedulerApp:
                  node_label_selector: str | None = None, leader_kwargs: dict | None = None,
                  tune_gc: bool = False, advertise_url: str | None = None,
                  forward: ForwardSettings | None = None, audit_interval_s: float = AUDIT_INTERVAL_S,
-                 serving: dict | None = None) -> None:
+                 serving: dict | None = None, guard: AllocationGuard | None = None) -> None:
         self.client = client
         self.config = config or SchedulerConfig()
         self.cache = UsageCache()
@@ -103,7 +104,11 @@ class SchedulerApp:
         self.sync.on_node_gone = node_gone
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),
                                namespace_labels=self._namespace_labels)
+        # /validate: the admission policies' rules for clusters that cannot run them (scheduler/guard.py)
+        self.guard = guard or AllocationGuard(scheduler_names=(self.config.scheduler_name,),
+                                              names=self.config.names)
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
+                                         routes={"/validate": self.guard.review},
                                          cert_file=cert_file, key_file=key_file,
                                          registry=self.metrics.registry, ready=self.ready,
                                          profiling_enabled=profiling, max_body=max_body, metrics=self.metrics,

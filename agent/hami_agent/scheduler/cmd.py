@@ -91,6 +91,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the leader releases node locks whose owner no longer needs them and "
                         "re-reads unconfirmed cache entries (default 60s)")
     p.add_argument("--force-overwrite-default-scheduler", default="true", choices=("true", "false"))
+    # /validate (scheduler/guard.py): the admission policies' rules where the cluster cannot run them
+    p.add_argument("--guard-scheduler-user", default="system:serviceaccount:kube-system:hami-scheduler",
+                   help="/validate: the scheduler's ServiceAccount user, the one writer of HAMi allocation "
+                        "keys")
+    p.add_argument("--guard-plugin-user-prefix",
+                   default="system:serviceaccount:kube-system:hami-device-plugin-",
+                   help="/validate: a node's device plugin user is this prefix + the node name")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
     # -- who may call /filter, /prioritize, /bind (docs/scheduler.md "Authentication")
     p.add_argument("--extender-auth", choices=("loopback", "mtls", "token"), default="loopback",
@@ -197,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from hami_agent.scheduler.app import SchedulerApp
+    from hami_agent.scheduler.guard import AllocationGuard
     from hami_agent.scheduler.leadership import ForwardSettings, normalize_url
     from hami_agent.scheduler.server import parse_bind
 
@@ -244,7 +252,9 @@ def run(args: argparse.Namespace) -> int:
             profiling=args.profiling, max_body=args.max_body_bytes, metrics_bind=mhost_port,
             register_interval_s=args.register_interval, node_label_selector=args.node_label_selector,
             tune_gc=True, leader_kwargs=leader_kwargs, advertise_url=args.advertise_url or None,
-            forward=forward, serving=serving, audit_interval_s=args.audit_interval)
+            forward=forward, serving=serving, audit_interval_s=args.audit_interval,
+            guard=AllocationGuard(args.guard_scheduler_user, args.guard_plugin_user_prefix,
+                                  (args.scheduler_name,), cfg.names))
         app.start()
     except ValueError as exc:  # a listener/auth combination that would not protect the verbs
         logger.error("bad flags: %s", exc)
