@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -29,6 +30,8 @@ from tests.sim.fixtures import api_server  # noqa: F401
 from tests.sim.role_manifests import render
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[3]
 
 NS = "kube-system"
 SCHED = f"system:serviceaccount:{NS}:hami-scheduler"
@@ -222,3 +225,69 @@ def test_the_scheduler_serves_it_on_the_webhook_listener(api_server):  # noqa: F
                                                     "remove annotation hami.io/vgpu-devices-to-allocate")
     finally:
         app.stop()
+
+
+# -- the guard's ValidatingWebhookConfiguration: what its matchConditions leave out, the guard allows
+def _guard_configuration() -> dict:
+    import yaml
+
+    from tests.unit.roles.test_unit_templates import render, render_env, role_vars
+
+    env = render_env()
+    env.filters["to_json"] = json.dumps
+    v = role_vars("hami_scheduler")
+    text = env.from_string((ROOT / "roles" / "hami_scheduler" / "templates" / "guard-webhook.yaml.j2")
+                           .read_text()).render(**v)
+    assert render  # the same renderer the unit-template tests use
+    return yaml.safe_load(text)
+
+
+def test_the_webhook_configuration_fails_closed_and_skips_no_label():
+    cfg = _guard_configuration()
+    (hook,) = cfg["webhooks"]
+    assert cfg["kind"] == "ValidatingWebhookConfiguration" and hook["failurePolicy"] == "Fail"
+    assert hook["clientConfig"]["url"] == "https://control-1:9443/validate"
+    assert [r["resources"] for r in hook["rules"]] == [["pods", "pods/status", "pods/ephemeralcontainers"],
+                                                       ["pods/binding"]]
+    assert [r["operations"] for r in hook["rules"]] == [["CREATE", "UPDATE"], ["CREATE"]]
+    assert "objectSelector" not in hook and "namespaceSelector" not in hook  # nothing a tenant sets skips it
+
+
+@pytest.fixture(scope="module")
+def condition():
+    import celpy
+
+    (cond,) = _guard_configuration()["webhooks"][0]["matchConditions"]
+    env = celpy.Environment()
+    prog = env.program(env.compile(cond["expression"]))
+
+    def evaluate(op: str, sub: str, obj: dict, old: dict | None) -> bool:
+        request = {"operation": op, "resource": {"group": "", "version": "v1", "resource": "pods"},
+                   "userInfo": {"username": "alice"}}
+        if sub:
+            request["subResource"] = sub
+        return bool(prog.evaluate({"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                                   "request": celpy.json_to_cel(request)}))
+
+    return evaluate
+
+
+@settings(max_examples=250, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(user=st.sampled_from(USERS),
+       op_sub=st.sampled_from([("CREATE", ""), ("UPDATE", ""), ("UPDATE", "status"),
+                               ("UPDATE", "ephemeralcontainers"), ("CREATE", "binding")]),
+       new=pods, old=pods, bind_ann=annotation_sets)
+def test_the_match_conditions_never_hide_a_request_the_guard_refuses(condition, user, op_sub, new, old,
+                                                                      bind_ann):
+    op, sub = op_sub
+    obj, prev = (binding(bind_ann), None) if sub == "binding" else (new, old if op == "UPDATE" else None)
+    if not condition(op, sub, obj, prev):
+        assert guard_decision(user, op, sub, obj, prev)[0] is True, (user, op, sub, obj, prev)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_match_conditions_send_every_hand_made_refusal(condition, case):
+    user, op, sub, obj, old, allowed = CASES[case]
+    if not allowed:
+        assert condition(op, sub, obj, old)
