@@ -49,6 +49,7 @@ ATTENTION = ("failed", "unreachable", "parked", "refused", "deferred", "skipped"
 ORDER = ("unreachable", "failed", "parked", "refused", "deferred", "skipped",
          "rolled", "changed", "converged")
 MSG_MAX = 400
+ACCOUNT_TASKS = "Account |"
 
 
 def _clip(text, limit=MSG_MAX):
@@ -87,6 +88,7 @@ class Account:
         self.started = clock()
         self.hosts = {}
         self.run = {}            # the site_account_run fact (playbook settings, report dir)
+        self.findings = {}       # site_account_finding: about the cluster, not a node (code -> message)
         self.roll = {}           # the site_account_roll fact: planned order, why it stopped
         self.play = ""
         self.task = ""
@@ -113,6 +115,8 @@ class Account:
             self.run.update(facts["site_account_run"])
         if isinstance(facts.get("site_account_roll"), dict):
             self.roll.update(facts["site_account_roll"])
+        if isinstance(facts.get("site_account_finding"), dict):
+            self.findings.update(facts["site_account_finding"])
 
     def skipped(self, host):
         rec = self._host(host)
@@ -123,7 +127,9 @@ class Account:
         rec = self._host(host)
         rec.seen(self.clock())
         rec.tasks += 1
-        if ignored or rec.failure is not None:
+        # site.yml's last play fails the hosts (and the run) that need attention: the account's own verdict,
+        # not an event of the run
+        if ignored or rec.failure is not None or self.task.startswith(ACCOUNT_TASKS):
             return
         msg = result.get("msg") or result.get("stderr") or result.get("reason") or "failed"
         rec.failure = {"play": self.play, "task": self.task, "msg": _clip(msg)}
@@ -177,6 +183,7 @@ class Account:
             counts[v["state"]] = counts.get(v["state"], 0) + 1
         attention = sorted(n for n, v in nodes.items() if v["state"] in ATTENTION)
         return {
+            "findings": dict(self.findings),
             "playbook": self.run.get("playbook", ""),
             "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),
             "seconds": round(self.clock() - self.started, 1),
@@ -215,8 +222,12 @@ def render(doc):
                                                                  if kv[1]["state"] in ORDER else 99, kv[0])):
         label = v["state"].upper() if v["state"] in ATTENTION else v["state"]
         lines.append("%-*s  %-11s %s" % (width, name, label, describe(v)))
+    for code, message in sorted((doc.get("findings") or {}).items()):
+        lines.append("%-*s  %-11s %s" % (width, "(cluster)", code, _clip(message, 300)))
     summary = ", ".join("%s %d" % kv for kv in doc["summary"].items()) or "no hosts"
-    lines.append("summary: %s; %d node(s) need attention" % (summary, len(doc["needs_attention"])))
+    findings = len(doc.get("findings") or {})
+    about = ("; %d finding(s) about the cluster" % findings) if findings else ""
+    lines.append("summary: %s; %d node(s) need attention%s" % (summary, len(doc["needs_attention"]), about))
     return lines
 
 
