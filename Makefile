@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps gpusim test test-fast molecule lint bench chaos demo demo-quick sandbox-up sandbox-down clean
+.PHONY: setup system-deps gpusim test test-fast molecule lint bench chaos demo demo-quick sandbox-up sandbox-down clean \
+	device-wheels hami-core-src device-check device-check-dry
 
 setup: $(STAMP) gpusim
 
@@ -42,7 +43,7 @@ test-fast: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not molecule and not e2e" $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check agent tests benchmarks plugins sandbox
+	$(BIN)/ruff check agent tests benchmarks plugins sandbox scripts
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/lint-ansible.sh
 
 bench: setup
@@ -68,6 +69,32 @@ sandbox-up: setup
 
 sandbox-down:
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sandbox down
+
+# Real hardware (docs/hardware.md). On a lent GPU machine, from a copy of this tree that carries .whl/ and
+# .hami-core/: `make device-check` (its Python is the machine's python3; the agent runs from agent/).
+# Here: `make device-wheels` downloads the wheels that machine lacks into .whl/ (ignored), `make hami-core-src
+# HAMI_CORE_GIT=<url, clone or mirror>` exports HAMi-core's public source into .hami-core/ (ignored), and
+# `make device-check-dry` runs the same script on gpusim.
+DEVICE_PYTHON ?= python3
+DEVICE_CHECK_OUT ?= device-check-output
+DEVICE_CHECK_ARGS ?=
+HAMI_CORE_GIT ?= https://github.com/Project-HAMi/HAMi-core.git
+device-wheels: setup
+	PYTHON=$(BIN)/python scripts/device-wheels.sh .whl
+
+hami-core-src:
+	scripts/hami-core-src.sh $(HAMI_CORE_GIT) .hami-core
+
+DEVICE_SITE ?= /tmp/hami-device-site
+device-check:
+	if ls .whl/*.whl >/dev/null 2>&1; then $(DEVICE_PYTHON) -m pip install -q --no-index --no-deps --no-compile \
+		--no-cache-dir --upgrade --target $(DEVICE_SITE) .whl/*.whl; fi
+	PYTHONPATH="$(DEVICE_SITE)$${PYTHONPATH:+:$$PYTHONPATH}" $(DEVICE_PYTHON) scripts/device_check.py \
+		--out $(DEVICE_CHECK_OUT) $(if $(wildcard .hami-core/CMakeLists.txt),--hami-core-src .hami-core) \
+		$(DEVICE_CHECK_ARGS)
+
+device-check-dry: setup
+	$(BIN)/python scripts/device_check.py --out $(DEVICE_CHECK_OUT) --dry-run $(DEVICE_CHECK_ARGS)
 
 clean:
 	$(MAKE) -C tests/gpusim clean

@@ -243,7 +243,7 @@ class Sandbox:
             "ANSIBLE_RETRY_FILES_ENABLED": "0",
             "ANSIBLE_LOCAL_TEMP": str(self.cfg.run_dir / "ansible-tmp"),
             "PYTHONUNBUFFERED": "1",
-            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,hami.node.fleet_account",
             "KUBECONFIG": str(self.cfg.kubeconfig),
             "HAMI_SANDBOX_DIR": str(self.cfg.run_dir),
         }

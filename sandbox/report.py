@@ -19,8 +19,10 @@ STEP_TITLES = {
 }
 
 
-def write_json(path: Path, checks: list[Any], titles: dict[str, str], rollout: dict) -> None:
-    """``{"ok", "steps": [{"name", "ok", "checks": [{"name", "ok", "detail"}]}], "rollout": {...}}``."""
+def write_json(path: Path, checks: list[Any], titles: dict[str, str], rollout: dict,
+               accounts: dict | None = None) -> None:
+    """``{"ok", "steps": [{"name", "ok", "checks": [{"name", "ok", "detail"}]}], "rollout": {...},
+    "site_accounts": {run: site.yml's per-node account}}``."""
     steps: dict[str, list[Any]] = {}
     for c in checks:
         steps.setdefault(c.step, []).append(c)
@@ -30,6 +32,7 @@ def write_json(path: Path, checks: list[Any], titles: dict[str, str], rollout: d
                    "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in cs]}
                   for step, cs in steps.items()],
         "rollout": rollout,
+        "site_accounts": accounts or {},
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import ssl
 import sys
 import tempfile
 import threading
@@ -32,8 +33,15 @@ from hami_agent.protocol import keys
 from hami_agent.scheduler.leadership import URL_ANNOTATION
 from tests.gpusim import gpusim_state as gs
 from tests.gpusim.fixtures import BIN_DIR, build_lib
+from tests.integration.scheduler.pki import make_pki
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.ports import free_port
+
+# the replicas serve TLS (a follower forwards only over https to a leader its CA verifies); the soak's
+# own probes only read /readyz, so they do not verify
+_PROBE_TLS = ssl.create_default_context()
+_PROBE_TLS.check_hostname = False
+_PROBE_TLS.verify_mode = ssl.CERT_NONE
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_NS, LEASE_NAME = "kube-system", "hami-scheduler"
@@ -61,7 +69,7 @@ class Settings:
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=_PROBE_TLS) as r:
             return r.status == 200
     except OSError:
         return False
@@ -112,6 +120,7 @@ class Cluster:
     client: KubeClient | None = None
     nodes: dict[str, Node] = field(default_factory=dict)
     extenders: list[AgentProcess] = field(default_factory=list)
+    pki: Any = None  # the replicas' CA and serving certificate (tests/integration/scheduler/pki.py)
     extender_urls: list[str] = field(default_factory=list)
     scheduler: KubeSchedulerSim | None = None
     rpc_log: RpcLog = field(default_factory=RpcLog)
@@ -156,6 +165,8 @@ class Cluster:
             node.plugin.start()
             node.monitor.start()
             node.kubelet.start()
+        (self.workdir / "pki").mkdir(exist_ok=True)
+        self.pki = make_pki(self.workdir / "pki")
         for i in range(2):
             self.extenders.append(self._make_extender(i))
         for ext in self.extenders:
@@ -191,7 +202,7 @@ class Cluster:
                f"{(lease.get('metadata') or {}).get('annotations')}"]
         for url, ext in zip(self.extender_urls, self.extenders, strict=True):
             try:
-                with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                with urllib.request.urlopen(url + "/readyz", timeout=2, context=_PROBE_TLS) as r:
                     answer = f"{r.status} {r.read(200)!r}"
             except urllib.error.HTTPError as exc:
                 answer = f"{exc.code} {exc.read(200)!r}"
@@ -264,11 +275,15 @@ class Cluster:
         assert self.api is not None and self.scanner is not None
         s = self.settings
         port = free_port()
-        url = f"http://127.0.0.1:{port}"
+        # https: the Lease names this URL, whose host (127.0.0.1) is the replica's identity and an IP SAN of
+        # its certificate, so a follower verifies the leader it forwards to (issue 27 item 4)
+        url = f"https://127.0.0.1:{port}"
         self.extender_urls.append(url)
         lease, renew, retry = s.lease_s
         argv = [sys.executable, "-m", "hami_agent", "scheduler", "-v", str(s.verbosity),
                 "--kubeconfig", self.api.kubeconfig_path, "--bind-address", f"127.0.0.1:{port}",
+                "--cert-file", self.pki.server.cert, "--key-file", self.pki.server.key,
+                "--forward-ca-file", self.pki.ca.cert,
                 "--metrics-bind", "", "--register-interval", f"{s.register_interval_s}s",
                 "--audit-interval", f"{s.audit_interval_s}s",
                 "--leader-elect", "--leader-elect-namespace", LEASE_NS,

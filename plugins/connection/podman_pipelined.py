@@ -7,6 +7,10 @@ the run and a clean-up: four to five ``podman`` invocations of ~0.2 s each. Here
 the container's Python on stdin (``podman exec -i``), as ``ssh`` with ``pipelining = True`` does for real
 nodes: one invocation per task. ``copy``/``template`` still copy files, through the container's mount
 point taken on first use. Measured on the test image: a ten-task play 19 s -> 11-12 s.
+
+A container that is stopped or gone is reported as UNREACHABLE (AnsibleConnectionFailure), as ssh reports
+a node that is down: containers.podman's plugin returns podman's exit code 125 as the module's failure, so
+a stopped sandbox node showed as FAILED and site.yml could not tell a dead node from a failing task.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ DOCUMENTATION = r"""
           - name: ANSIBLE_PODMAN_EXECUTABLE
 """
 
-import shlex  # noqa: E402 - Ansible reads DOCUMENTATION first
+import re  # noqa: E402 - Ansible reads DOCUMENTATION first
+import shlex  # noqa: E402
 
-from ansible.errors import AnsibleError  # noqa: E402
+from ansible.errors import AnsibleConnectionFailure, AnsibleError  # noqa: E402
 from ansible.module_utils.common.text.converters import to_native  # noqa: E402
 from ansible.plugins.connection import ConnectionBase, ensure_connect  # noqa: E402
 
@@ -72,6 +77,17 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the controller's collections
     raise AnsibleError("hami.node.podman_pipelined needs the containers.podman collection "
                        "(ansible-galaxy collection install containers.podman)") from exc
+
+
+# what `podman exec` (exit 125) prints when the container is not there to run anything in
+_DOWN = re.compile(rb"no such container|no container with name or ID|container state improper|"
+                   rb"can only create exec sessions on running containers|is not running", re.IGNORECASE)
+PODMAN_ERROR = 125
+
+
+def down(rc, stderr):
+    """The container is stopped or gone (podman could not even start the command)."""
+    return rc == PODMAN_ERROR and bool(_DOWN.search(stderr or b""))
 
 
 class Connection(_Podman):
@@ -100,7 +116,12 @@ class Connection(_Podman):
         args = ["exec", "-i"] if in_data is not None else ["exec"]
         if self.user:
             args += ["--user", self.user]
-        return self._podman(args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        argv = shlex.split(to_native(cmd, errors="surrogate_or_strict"))
+        rc, stdout, stderr = self._podman(args, argv, in_data)
+        if down(rc, stderr):
+            raise AnsibleConnectionFailure("container %s is not running: %s"
+                                           % (self._container_id, to_native(stderr).strip()[-300:]))
+        return rc, stdout, stderr
 
     def put_file(self, in_path, out_path):
         self._mount_once()

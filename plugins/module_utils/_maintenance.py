@@ -24,8 +24,9 @@ Rules (docs/rollouts.md):
 from __future__ import annotations
 
 import datetime
-import json
 import random
+
+from ansible_collections.hami.node.plugins.module_utils._k8s import ApiError, decode_json  # noqa: F401
 
 CORDONED_BY = "hami.io/maintenance-cordoned-by"
 REASON = "hami.io/maintenance-reason"
@@ -46,31 +47,6 @@ class MaintenanceError(Exception):
         super().__init__(msg)
         self.msg = msg
         self.result = result
-
-
-class ApiError(Exception):
-    """What the adapter raises for an HTTP error: status code, reason and the Status body (a dict)."""
-
-    def __init__(self, status, reason="", body=None):
-        super().__init__("%s %s" % (status, reason))
-        self.status = status
-        self.reason = reason
-        self.body = body or {}
-
-    @property
-    def message(self):
-        return self.body.get("message") or self.reason or str(self.status)
-
-    def causes(self):
-        details = self.body.get("details") or {}
-        return [c.get("message", "") for c in details.get("causes") or []]
-
-    def retry_after(self):
-        details = self.body.get("details") or {}
-        try:
-            return float(details.get("retryAfterSeconds") or 0)
-        except (TypeError, ValueError):
-            return 0.0
 
 
 def now_rfc3339(now=None):
@@ -139,13 +115,13 @@ def refusals(pods, force, delete_emptydir_data):
     if unmanaged and not force:
         out.append(
             "pods not managed by a controller would be lost for good: %s (delete them yourself, or set "
-            "force=true / hami_maintenance_force=true)" % ", ".join(sorted(unmanaged)))
+            "force=true; in a playbook node_maintenance_force=true)" % ", ".join(sorted(unmanaged)))
     local = [pod_key(p) for p in pods
              if any("emptyDir" in (v or {}) for v in (p.get("spec") or {}).get("volumes") or [])]
     if local and not delete_emptydir_data:
         out.append(
-            "pods with emptyDir data would lose it: %s (set delete_emptydir_data=true / "
-            "hami_maintenance_delete_emptydir_data=true)" % ", ".join(sorted(local)))
+            "pods with emptyDir data would lose it: %s (set delete_emptydir_data=true; "
+            "in a playbook node_maintenance_delete_emptydir_data=true)" % ", ".join(sorted(local)))
     return out
 
 
@@ -446,11 +422,3 @@ def check_gates(node, expect_gpus, resource, decode_register):
                 detail += "; unhealthy %s" % ", ".join(sick)
             gates["device_plugin"] = (ok, detail)
     return gates
-
-
-def decode_json(text):
-    try:
-        doc = json.loads(text)
-    except (TypeError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}

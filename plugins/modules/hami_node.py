@@ -136,46 +136,17 @@ actions:
 
 import datetime  # noqa: E402
 import json  # noqa: E402
-import traceback  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
-from ansible_collections.hami.node.plugins.module_utils import _hami  # noqa: E402
-
-try:  # noqa: E402
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-    from kubernetes.client.rest import ApiException
-
-    HAS_K8S = True
-    K8S_IMPORT_ERROR = None
-except ImportError:
-    HAS_K8S = False
-    K8S_IMPORT_ERROR = traceback.format_exc()
-
-
-def api_client(module):
-    p = module.params
-    try:
-        if p["kubeconfig"] or p["context"]:
-            return k8s_config.new_client_from_config(config_file=p["kubeconfig"], context=p["context"])
-        try:
-            return k8s_config.new_client_from_config()
-        except (k8s_config.ConfigException, OSError, TypeError):
-            cfg = k8s_client.Configuration()
-            k8s_config.load_incluster_config(client_configuration=cfg)
-            return k8s_client.ApiClient(cfg)
-    except (k8s_config.ConfigException, OSError) as exc:
-        module.fail_json(
-            msg="cannot load Kubernetes credentials (kubeconfig=%s, context=%s): %s; set kubeconfig "
-            "or run where KUBECONFIG points at the cluster" % (p["kubeconfig"], p["context"], exc)
-        )
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.hami.node.plugins.module_utils import _hami, _k8s  # noqa: E402
+from ansible_collections.hami.node.plugins.module_utils._k8s import ApiException  # noqa: E402
 
 
 class HamiNode:
     def __init__(self, module):
         self.module = module
         self.p = module.params
-        self.core = k8s_client.CoreV1Api(api_client(module))
+        self.core = _k8s.k8s_client.CoreV1Api(_k8s.api_client(module))
         self.actions = []
 
     def _err(self, verb, exc):
@@ -312,14 +283,11 @@ def main():
             devices=dict(type="list", elements="str", default=[]),
             force=dict(type="bool", default=False),
             lock_expiry=dict(type="int", default=_hami.LOCK_EXPIRY_S),
-            kubeconfig=dict(type="path"),
-            context=dict(type="str"),
-            api_timeout=dict(type="float", default=10),
+            **_k8s.CONNECTION_ARGS,
         ),
         supports_check_mode=True,
     )
-    if not HAS_K8S:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
+    _k8s.require_client(module)
     module.exit_json(**HamiNode(module).run())
 
 

@@ -206,87 +206,9 @@ actions:
 
 import json  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
-from ansible_collections.hami.node.plugins.module_utils import _hami, _maintenance  # noqa: E402
-
-try:  # noqa: E402
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-    from kubernetes.client.rest import ApiException
-
-    HAS_K8S = True
-    K8S_IMPORT_ERROR = None
-except ImportError:
-    HAS_K8S = False
-    K8S_IMPORT_ERROR = traceback.format_exc()
-
-
-def api_client(module):
-    p = module.params
-    try:
-        if p["kubeconfig"] or p["context"]:
-            return k8s_config.new_client_from_config(config_file=p["kubeconfig"], context=p["context"])
-        try:
-            return k8s_config.new_client_from_config()
-        except (k8s_config.ConfigException, OSError, TypeError):
-            cfg = k8s_client.Configuration()
-            k8s_config.load_incluster_config(client_configuration=cfg)
-            return k8s_client.ApiClient(cfg)
-    except (k8s_config.ConfigException, OSError) as exc:
-        module.fail_json(
-            msg="cannot load Kubernetes credentials (kubeconfig=%s, context=%s): %s; set kubeconfig "
-            "(hami_maintenance_kubeconfig) or run where KUBECONFIG points at the cluster"
-            % (p["kubeconfig"], p["context"], exc)
-        )
-
-
-class KubeApi:
-    """The engine's adapter over the official client: JSON in, JSON out, errors as _maintenance.ApiError."""
-
-    def __init__(self, module):
-        self.core = k8s_client.CoreV1Api(api_client(module))
-        self.timeout = module.params["api_timeout"]
-
-    def _call(self, fn, *args, **kwargs):
-        try:
-            resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-            return _maintenance.decode_json(resp.data)
-        except ApiException as exc:
-            body = _maintenance.decode_json(exc.body)
-            raise _maintenance.ApiError(exc.status, exc.reason or "", body) from None
-        except Exception as exc:  # noqa: BLE001 - urllib3: connection refused, read timeout
-            raise _maintenance.ApiError(503, "cannot reach the API server: %s" % exc) from None
-
-    def get_node(self, name):
-        return self._call(self.core.read_node, name)
-
-    def patch_node(self, name, patch):
-        return self._call(self.core.patch_node, name, patch, _content_type="application/merge-patch+json")
-
-    def list_pods(self, node):
-        doc = self._call(self.core.list_pod_for_all_namespaces, field_selector="spec.nodeName=%s" % node)
-        return doc.get("items") or []
-
-    def evict(self, namespace, name, delete_options):
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": name, "namespace": namespace}}
-        if delete_options:
-            body["deleteOptions"] = delete_options
-        return self._call(self.core.create_namespaced_pod_eviction, name, namespace, body)
-
-    def create_node_event(self, node, type_, reason, message):
-        now = _maintenance.now_rfc3339()
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": "%s." % node, "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-            "reason": reason, "message": message, "type": type_,
-            "source": {"component": "hami.node"}, "reportingComponent": "hami.node",
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        return self._call(self.core.create_namespaced_event, "default", body)
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.hami.node.plugins.module_utils import _hami, _k8s, _maintenance  # noqa: E402
 
 
 def run(module, api):
@@ -338,20 +260,17 @@ def main():
             gate=dict(type="str"),
             runbook=dict(type="str"),
             message=dict(type="str", default=""),
-            kubeconfig=dict(type="path"),
-            context=dict(type="str"),
-            api_timeout=dict(type="float", default=10),
+            **_k8s.CONNECTION_ARGS,
         ),
         supports_check_mode=True,
     )
-    if not HAS_K8S:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
-    api = KubeApi(module)
+    _k8s.require_client(module)
+    api = _k8s.Api(module, hint_var="kubeconfig (node_maintenance_kubeconfig)")
     try:
         module.exit_json(**run(module, api))
     except _maintenance.MaintenanceError as exc:
         module.fail_json(msg=exc.msg, **exc.result)
-    except _maintenance.ApiError as exc:
+    except _k8s.ApiError as exc:
         hint = ""
         if exc.status in (401, 403):
             hint = ": check the kubeconfig's credentials and RBAC (get/patch nodes, list pods, create " \

@@ -64,6 +64,9 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
         + f"\n--- output tail ---\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
     # the checks that make the story: each must have run and passed
     for needle in ("playbooks/site.yml succeeded", "pods sent to gpu-h20 during the hang were decided",
+                   # issue 26: one sick node
+                   "one sick node never stops the others",
+                   "a rerun of only the nodes that needed attention (--limit @_needs-attention.txt)",
                    "doctor names NVML_INIT_HANG_KNOWN_BAD_DRIVER", "remediate_nvml_hang.yml fixed the node",
                    "doctor is clean", "mig-3g got one 3g.48gb MIG device",
                    # issue 15: the rollout
@@ -81,6 +84,8 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
         assert any(needle in ln and ln.startswith("[PASS]") for ln in report.splitlines()), needle
     doc = json.loads((out / "report.json").read_text())
     assert doc["ok"] is True and all(step["ok"] for step in doc["steps"])
+    assert doc["site_accounts"]["run1"]["needs_attention"] == ["gpu-a100-3"]
+    assert doc["site_accounts"]["run1"]["nodes"]["gpu-h20"]["state"] == "rolled"  # its known-bad driver
     roll = doc["rollout"]
     assert roll["serial"] == 1 and roll["max_cordoned"] == 1 and roll["pdb_violations"] == 0
     assert roll["max_unavailable"] <= roll["pdb_min_available"] and roll["max_unavailable"] == 1

@@ -51,3 +51,21 @@ def mutated(draw: Any, template: Any, values: Any = json_value) -> Any:
     path = draw(st.sampled_from(paths(template)))
     op = draw(st.sampled_from(["replace", "replace", "delete"])) if path else "replace"
     return mutate(template, path, op, draw(values))
+
+
+# Names the API server would never accept (issue 27 item 5): lone UTF-16 surrogates (``quote()`` in the API
+# path builder raised on them: a 500), control and non-ASCII characters, upper case, and names longer than
+# the DNS-1123 limits (a namespace is a label: at most 63; pod and node names subdomains: at most 253).
+surrogate = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+bad_name = st.one_of(
+    st.tuples(st.text("abc-", max_size=8), surrogate, st.text("abc", max_size=8)).map("".join),
+    st.tuples(st.text("abc", max_size=8), st.characters(max_codepoint=0x1F) | st.characters(
+        min_codepoint=0x80, max_codepoint=0x10FFFF, exclude_categories=("Cs",)), st.text("xyz", max_size=4))
+    .map("".join),
+    st.integers(min_value=64, max_value=70).map(lambda n: "n" * n),
+    st.integers(min_value=254, max_value=4096).map(lambda n: "n" * n),
+    st.sampled_from(["UPPER", "a..b", "-a", "a-", ".a", "a.", "a b", "a/b", "a%2fb", "..", "a_b"]),
+)
+# bytes that are not UTF-8 at all: the JSON body carries them raw inside the name's string
+non_utf8 = st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xe2\x82", b"\xf8\x88\x80\x80\x80",
+                            b"\x80abc", b"n\xfe"])

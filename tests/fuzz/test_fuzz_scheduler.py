@@ -18,13 +18,14 @@ import statistics
 import time
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from hami_agent.k8s.client import KubeClient
+from hami_agent.protocol.names import label_error, subdomain_error, uid_error
 from hami_agent.scheduler.app import SchedulerApp
 from hami_agent.scheduler.extender import SchedulerConfig
-from tests.fuzz.strategies import json_value, mutated, quantity_text
+from tests.fuzz.strategies import bad_name, json_value, mutated, non_utf8, quantity_text
 from tests.integration.scheduler.cluster import gpu_node, gpu_pod
 from tests.sim.apiserver import ApiServer
 
@@ -45,6 +46,15 @@ REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                       "operation": "CREATE", "namespace": "default", "userInfo": {"username": "alice"},
                       "object": POD}}
+# the allocation guard (/validate, scheduler/guard.py): an UPDATE of a scheduled pod by its owner
+SCHEDULED = json.loads(json.dumps(POD))
+SCHEDULED["spec"]["nodeName"] = "gpu-0"
+SCHEDULED["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] = "GPU-a,NVIDIA,1000,10:;"
+VALIDATE = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "v-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "UPDATE",
+                        "namespace": "default", "name": "fuzz", "userInfo": {"username": "alice"},
+                        "object": SCHEDULED, "oldObject": SCHEDULED}}
 ANNOTATION_KEYS = ["nvidia.com/use-gputype", "nvidia.com/nouse-gputype", "nvidia.com/use-gpuuuid",
                    "nvidia.com/nouse-gpuuuid", "hami.io/node-scheduler-policy",
                    "hami.io/gpu-scheduler-policy",
@@ -212,14 +222,72 @@ def test_admission_review_mutations(stack, body):
     stack[1].check("/webhook", json.dumps(body).encode())
 
 
+@FUZZ
+@given(body=mutated(VALIDATE))
+def test_validation_review_mutations(stack, body):
+    stack[1].check("/validate", json.dumps(body).encode())
+
+
 @settings(max_examples=80, deadline=None, database=None)
 @given(raw=st.binary(max_size=512) | st.text(max_size=256).map(str.encode),
-       path=st.sampled_from(["/filter", "/prioritize", "/bind", "/webhook"]))
+       path=st.sampled_from(["/filter", "/prioritize", "/bind", "/webhook", "/validate"]))
 def test_arbitrary_bytes(stack, raw, path):
     code = stack[1].check(path, raw)
     assert code in (200, 400)
 
 
+# ---------------------------------------------------------------- names (issue 27 item 5): always a 400
+# Every name a body carries, per endpoint, with the rule it must follow (namespaces are DNS-1123 labels).
+NAME_FIELDS = [
+    ("/filter", FILTER, ("Pod", "metadata", "name"), subdomain_error),
+    ("/filter", FILTER, ("Pod", "metadata", "namespace"), label_error),
+    ("/filter", FILTER, ("Pod", "metadata", "uid"), uid_error),
+    ("/filter", FILTER, ("NodeNames", 1), subdomain_error),
+    ("/filter", {"Pod": POD, "Nodes": {"items": [{"metadata": {"name": "gpu-0"}}]}},
+     ("Nodes", "items", 0, "metadata", "name"), subdomain_error),
+    ("/prioritize", FILTER, ("NodeNames", 0), subdomain_error),
+    ("/bind", BIND, ("PodName",), subdomain_error),
+    ("/bind", BIND, ("PodNamespace",), label_error),
+    ("/bind", BIND, ("PodUID",), uid_error),
+    ("/bind", BIND, ("Node",), subdomain_error),
+    ("/webhook", REVIEW, ("request", "namespace"), label_error),
+    ("/webhook", _with(REVIEW, ("request", "name"), "fuzz"), ("request", "name"), subdomain_error),
+    ("/webhook", REVIEW, ("request", "object", "metadata", "name"), subdomain_error),
+    ("/webhook", _with(REVIEW, ("request", "object", "metadata", "namespace"), "default"),
+     ("request", "object", "metadata", "namespace"), label_error),
+    ("/validate", VALIDATE, ("request", "namespace"), label_error),
+    ("/validate", VALIDATE, ("request", "name"), subdomain_error),
+]
+_FIELD_IDS = [f"{p} {'.'.join(map(str, f))}" for p, _t, f, _c in NAME_FIELDS]
+_PLACEHOLDER = "@@NAME@@"
+
+
+def _assert_refused(caller: Caller, path: str, raw: bytes, what: str) -> None:
+    code, data = caller.post(path, raw)
+    assert code == 400, f"{path} {what}: answered {code} {data[:300]!r}"
+    assert json.loads(data)["error"], data
+
+
+@pytest.mark.parametrize("case", range(len(NAME_FIELDS)), ids=_FIELD_IDS)
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(value=bad_name)
+@example(value="fuzz\ud800")  # the 500 of issue 27 item 5 (quote() in the API path builder)
+def test_a_malformed_name_is_a_400_on_every_endpoint(stack, case, value):
+    path, template, field, check = NAME_FIELDS[case]
+    assume(check(value) is not None)  # e.g. a 64-character name is a fine pod name, not a namespace
+    _assert_refused(stack[1], path, json.dumps(_with(template, field, value)).encode(), f"{field}={value!r}")
+
+
+@pytest.mark.parametrize("case", range(len(NAME_FIELDS)), ids=_FIELD_IDS)
+@settings(max_examples=7, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(raw=non_utf8)
+def test_a_name_that_is_not_utf8_is_a_400_on_every_endpoint(stack, case, raw):
+    path, template, field, _check = NAME_FIELDS[case]
+    body = json.dumps(_with(template, field, _PLACEHOLDER)).encode().replace(_PLACEHOLDER.encode(), raw)
+    _assert_refused(stack[1], path, body, f"{field}={raw!r}")
+
+
+# last: the fuzzing above left nothing behind
 def test_alive_and_latency_unchanged_after_fuzzing(stack):
     app, caller, state, api = stack
     assert caller.statuses and max(caller.statuses) < 500

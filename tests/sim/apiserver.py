@@ -258,6 +258,11 @@ class ApiServer:
         # ``api.policy.graceful_deletion = True``
         self.policy = Policy(self.store)
         self.bookmark_interval_s = bookmark_interval_s
+        # an older cluster: these resources (plurals) are neither in discovery nor served (404), e.g.
+        # {"validatingadmissionpolicies", "validatingadmissionpolicybindings"} before Kubernetes 1.30;
+        # ``version`` is what /version answers (major, minor)
+        self.unserved: set[str] = set()
+        self.version: tuple[int, int] = (1, 31)
         self.requests: deque[RequestRecord] = deque(maxlen=2000)
         # requests per (User-Agent, user, verb) with bytes: tests/sim/apiserver_lists.py
         self.accounting = apiserver_lists.RequestAccounting()
@@ -535,8 +540,10 @@ class ApiServer:
     def _route(self, path: str) -> Route:
         parts = [p for p in path.split("/") if p]
         if parts == ["version"]:
+            major, minor = self.version
             return Route(None, "", None, None, {
-                "major": "1", "minor": "31", "gitVersion": "v1.31.0-hami-sim", "gitCommit": "simulated",
+                "major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0-hami-sim",
+                "gitCommit": "simulated",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.22",
                 "compiler": "gc", "platform": "linux/amd64"})
         if parts == ["api"]:
@@ -559,7 +566,10 @@ class ApiServer:
                 "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": [
                 {"name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
                  "kind": rt.kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
-                for rt in RESOURCES if rt.group == group and rt.version == version]})
+                for rt in RESOURCES if rt.group == group and rt.version == version
+                and rt.plural not in self.unserved]})
+        if any(p in self.unserved for p in rest[:3:2]):  # /<plural>/... or /namespaces/<ns>/<plural>/...
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if len(rest) >= 3 and rest[0] == "namespaces":
             rt = find_resource(group, version, rest[2])
             if rt is not None and rt.namespaced:

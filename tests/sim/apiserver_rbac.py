@@ -217,16 +217,21 @@ class RbacAuthorizer:
 
 
 def granted_pairs(docs: list[Obj], user: UserInfo) -> set[tuple[str, str, str]]:
-    """(verb, group, resource[/subresource]) the ClusterRoleBindings in ``docs`` grant ``user`` (names are
-    left to enforcement): the "granted" side of RBAC-granted-equals-used."""
-    roles = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ClusterRole"}
+    """(verb, group, resource[/subresource]) the ClusterRoleBindings and RoleBindings in ``docs`` grant
+    ``user`` (names and namespaces are left to enforcement): the "granted" side of granted-equals-used."""
+    roles = {("ClusterRole", "", d["metadata"]["name"]): d for d in docs if d.get("kind") == "ClusterRole"}
+    roles.update({("Role", d["metadata"].get("namespace", ""), d["metadata"]["name"]): d for d in docs
+                  if d.get("kind") == "Role"})
     out: set[tuple[str, str, str]] = set()
     for b in docs:
-        if b.get("kind") != "ClusterRoleBinding":
+        if b.get("kind") not in ("ClusterRoleBinding", "RoleBinding"):
             continue
-        if not any(subject_matches(s, user, "") for s in b.get("subjects") or []):
+        ns = (b.get("metadata") or {}).get("namespace", "") if b.get("kind") == "RoleBinding" else ""
+        if not any(subject_matches(s, user, ns) for s in b.get("subjects") or []):
             continue
-        for rule in (roles.get((b.get("roleRef") or {}).get("name", "")) or {}).get("rules") or []:
+        ref = b.get("roleRef") or {}
+        key = (ref.get("kind", "ClusterRole"), ns if ref.get("kind") == "Role" else "", ref.get("name", ""))
+        for rule in (roles.get(key) or {}).get("rules") or []:
             for verb in rule.get("verbs") or []:
                 for group in rule.get("apiGroups") or []:
                     for res in rule.get("resources") or []:

@@ -80,6 +80,11 @@ RESOURCES: tuple[ResourceType, ...] = (
                  "v1", False, ("status",)),
     ResourceType("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
                  "admissionregistration.k8s.io", "v1", False),
+    # admission webhook registrations: stored only (the simulator calls no webhook)
+    ResourceType("validatingwebhookconfigurations", "ValidatingWebhookConfiguration",
+                 "admissionregistration.k8s.io", "v1", False),
+    ResourceType("mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
+                 "admissionregistration.k8s.io", "v1", False),
     # eviction, PodDisruptionBudgets and the ReplicaSets a budget's percentage counts: apiserver_policy.py
     ResourceType("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("status",)),
     ResourceType("replicasets", "ReplicaSet", "apps", "v1", True, ("status",)),

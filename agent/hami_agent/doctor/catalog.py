@@ -248,6 +248,22 @@ _DOCS: dict[str, CodeDoc] = {
         "filter succeeded but the pod is still Pending",
         "FilteringSucceed event, yet the pod is not bound.",
         "HAMi found a node; another scheduler plugin or the bind step stopped the pod.", "001 I"),
+    "ALLOCATION_GUARD_MISSING": CodeDoc(
+        "the allocation guard is not installed",
+        "Nothing fails visibly: the cluster merely accepts a pod owner's rewrite of its own pod's "
+        "`hami.io/vgpu-devices-to-allocate` after scheduling (Allocate then hands out the GPU it names, at "
+        "full memory and cores), and pods created with `spec.nodeName` that ask for `nvidia.com/gpu` (the "
+        "scheduled pod on that node then fails admission with `UnexpectedAdmissionError: ambiguous "
+        "admission`).",
+        "HAMi's allocation keys live on the pod, which its owner may edit. The guard refuses every write of "
+        "them but the scheduler's (and, on a pod bound to its node, that node's device plugin's), and "
+        "refuses rival pods: the ValidatingAdmissionPolicies `hami-allocation-keys` and "
+        "`hami-scheduled-gpu-pods` (Kubernetes >= 1.30, run inside kube-apiserver) or, on an older cluster, "
+        "the extender's `/validate` webhook `allocation-guard.hami.io` with `failurePolicy: Fail`. "
+        "`playbooks/site.yml` installs one of them on every run with a kubeconfig for the cluster, and fails "
+        "when it cannot (unless `hami_rbac_admission_required: false`). See docs/security.md \"Safe as "
+        "installed\".",
+        "issue 27"),
     "STALE_NODE_LOCK": CodeDoc(
         "stale node lock",
         "GPU pods to one node bind slowly or fail with `node lock contention`.",

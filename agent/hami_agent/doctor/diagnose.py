@@ -172,6 +172,8 @@ def diagnose_cluster(ctx: Context, local_node: str | None = None, max_pods: int 
         box["pods"] = view.pending_pods()
 
     _run([("cluster_list", list_all, None)], ctx, facts, report)
+    # one verdict about the cluster itself: is the allocation guard installed (ALLOCATION_GUARD_MISSING)?
+    _run([("admission_guard", kube.collect_admission_guard, None)], ctx, facts, report)
     if box.get("view"):
         ctx = _sub_context(ctx, view=box["view"][0])
     if ctx.scheduler_url:

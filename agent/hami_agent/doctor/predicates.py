@@ -42,6 +42,17 @@ def _positive(f: Facts, key: str) -> bool | None:
     return None if n is None else n > 0
 
 
+# --------------------------------------------------------------------------------- admission guard
+@predicate("allocation_guard_missing")
+def allocation_guard_missing(f: Facts) -> bool | None:
+    """neither the admission policies hami-allocation-keys and hami-scheduled-gpu-pods are bound nor the guard
+    webhook allocation-guard.hami.io (failurePolicy Fail) is registered"""
+    missing = f.get("admission.missing")
+    if missing is MISSING or missing is None:
+        return None
+    return len(missing) > 0
+
+
 # --------------------------------------------------------------------------------- kubelet / NVML
 @predicate("kubelet_stall")
 def kubelet_stall(f: Facts) -> bool | None:

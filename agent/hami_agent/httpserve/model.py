@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ class Limits:
     # races a server-side close.
     idle_timeout_s: float = 120.0
     write_timeout_s: float = 30.0  # a response the peer does not read within this is dropped
+    # listeners with PeerLimits: how long a request may wait for a handler (or for its address's in-flight
+    # cap) before it is answered 503; its connection is not read while it waits
+    queue_wait_s: float = 5.0
 
 
 class HTTPError(Exception):
@@ -82,6 +86,49 @@ class Route:
     # Cheap and non-blocking (health checks): runs on the event loop, so it answers even while every
     # handler thread is busy. Everything else runs on the bounded thread pool.
     inline: bool = False
+    # The handler pool (``HttpServer(pools=...)``) that runs it; None: the server's own. A route with its own
+    # pool keeps its capacity whatever the other routes of the same listener receive.
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerLimits:
+    """What one client address may hold on a listener the network can reach (issue 27 item 2): without
+    them, one pod that opens enough keep-alive connections and sends requests as fast as they are
+    answered takes every connection and every queue slot of the listener. A peer beyond
+    ``max_connections`` gets its own idle connection closed first, else the new one is refused; a
+    request beyond ``max_inflight`` (or one that finds no free handler) waits, its connection unread,
+    until its address is below the cap and a handler is free (addresses take turns), at most
+    ``Limits.queue_wait_s`` (then 503). ``allowed_sources``: when set, a connection from any other address
+    is closed at once (before TLS)."""
+
+    max_connections: int = 128
+    max_inflight: int = 16
+    allowed_sources: tuple[Any, ...] = ()  # ipaddress.IPv4Network / IPv6Network
+
+    def admits(self, host: str) -> bool:
+        if not self.allowed_sources:
+            return True
+        try:
+            addr = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        return any(addr.version == net.version and addr in net for net in self.allowed_sources)
+
+
+def parse_cidrs(text: str, flag: str = "--allowed-sources") -> tuple[Any, ...]:
+    """``10.0.0.0/8, 192.168.1.10`` -> networks; ValueError names the flag and the bad entry."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {part!r} is not an address or CIDR ({exc})") from None
+    return tuple(out)
 
 
 @dataclass
@@ -94,6 +141,7 @@ class Listener:
     port: int
     routes: dict[tuple[str, str], Route]
     ssl_context: Any = None  # ssl.SSLContext (server side) or None for plain HTTP
+    peers: PeerLimits | None = None  # per-address caps (listeners the network can reach)
 
     def match(self, method: str, path: str) -> tuple[Route | None, list[str]]:
         """(route, methods allowed on this path): (None, []) is 404, (None, [..]) is 405."""

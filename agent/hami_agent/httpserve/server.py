@@ -53,6 +53,41 @@ class Stats:
     busy: int = 0  # requests answered 503 because every handler thread and queue slot was taken
     requests: int = 0
     errors: int = 0  # 500s
+    peer_refused: int = 0  # connections refused: their address held its connection cap (PeerLimits)
+    parked: int = 0  # requests that waited for a handler or for their address's in-flight cap (PeerLimits)
+    source_refused: int = 0  # connections closed: their address is not in PeerLimits.allowed_sources
+
+    def __add__(self, other: Stats) -> Stats:
+        return Stats(**{k: v + getattr(other, k) for k, v in vars(self).items()})
+
+
+class Pool:
+    """Handler threads and the queue in front of them: at most ``workers`` requests run and ``queued`` wait;
+    beyond that a request is answered 503 at once. A pool may serve routes of several servers (each with
+    its own event loop), so its count is locked."""
+
+    def __init__(self, name: str, workers: int, queued: int) -> None:
+        self.name = name
+        self.capacity = workers + queued
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-handler")
+        self._lock = threading.Lock()
+        self.inflight = 0
+        self.busy = 0  # requests refused because the pool was full
+
+    def acquire(self) -> bool:
+        with self._lock:
+            if self.inflight >= self.capacity:
+                self.busy += 1
+                return False
+            self.inflight += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.inflight -= 1
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _loopback(host: str) -> bool:
@@ -74,14 +109,63 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class HttpServer:
-    """Serves ``listeners`` from one event-loop thread; handlers run on a bounded thread pool."""
+class Priority:
+    """One server's requests go first (issue 27 item 2: kube-scheduler's verbs before anything the network
+    sends to the webhook). The servers share one interpreter: threads of a flooded server hold the GIL and
+    the CPU while a verb waits its turn. So while a prioritised request is being read or handled
+    (``hold``/``release``; not while its answer is deferred, e.g. a /bind waiting for a node lock), the
+    other servers' event loop and handler threads pause at their next checkpoint (a new connection, each
+    chunk received, the start of each handler), at most ``max_pause_s`` each time: they slow down, they
+    are never stopped."""
 
-    def __init__(self, listeners: list[Listener], limits: Limits | None = None, name: str = "http") -> None:
+    def __init__(self, max_pause_s: float = 0.01) -> None:
+        self.max_pause_s = max_pause_s
+        self._lock = threading.Lock()
+        self._held = 0
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._held += 1
+            self._idle.clear()
+
+    def release(self) -> None:
+        with self._lock:
+            self._held -= 1
+            if self._held <= 0:
+                self._held = 0
+                self._idle.set()
+
+    def pause(self) -> None:
+        """(a lower-priority thread) wait while a prioritised request is in progress, briefly."""
+        if not self._idle.is_set():
+            self._idle.wait(self.max_pause_s)
+
+
+class HttpServer:
+    """Serves ``listeners`` from one event-loop thread; handlers run on a bounded thread pool (``pools``
+    adds named pools that routes may choose with ``Route.pool``; the server owns only its default one).
+    ``limits.max_connections`` is this server's connection budget: servers that must not starve each
+    other are separate ``HttpServer`` instances (each its own loop, connections and pool)."""
+
+    def __init__(self, listeners: list[Listener], limits: Limits | None = None, name: str = "http",
+                 pools: dict[str, Pool] | None = None, priority: Priority | None = None,
+                 prioritised: bool = False) -> None:
+        """``priority`` shared by servers: this one's requests hold it (``prioritised``) or this one yields
+        to them."""
         self.limits = limits or Limits()
+        self.priority = priority
+        self._holds = priority if prioritised else None
+        self._yields = priority if priority is not None and not prioritised else None
         self.name = name
         self.listeners = {lst.name: lst for lst in listeners}
         self.stats = Stats()
+        for lst in listeners:
+            for route in lst.routes.values():
+                if route.pool is not None and route.pool not in (pools or {}):
+                    raise ValueError(f"{name}: route of listener {lst.name} names pool {route.pool!r}, "
+                                     "which was not given")
         self._socks: dict[str, socket.socket] = {}
         try:
             for lst in listeners:
@@ -92,11 +176,16 @@ class HttpServer:
             raise OSError(exc.errno, f"{name}: cannot listen on {lst.host or '0.0.0.0'}:{lst.port} "
                                      f"({lst.name}): {exc.strerror}") from exc
         self._loop = asyncio.new_event_loop()
-        self._executor = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-handler")
+        self.pool = Pool(name, self.limits.workers, self.limits.max_queued)
+        self._pools = {**(pools or {}), None: self.pool}
         self._conns: set[_Connection] = set()
-        self._inflight = 0
+        self._peer_conns: collections.Counter[str] = collections.Counter()  # per address (PeerLimits)
+        self._peer_inflight: collections.Counter[str] = collections.Counter()
+        # requests waiting for a handler or for their address's cap, per address (round robin)
+        self._parked: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._thread: threading.Thread | None = None
         self._last_accept_error = 0.0
+        self._last_peer_warning = 0.0
 
     # -- public
     def port(self, listener: str) -> int:
@@ -119,7 +208,7 @@ class HttpServer:
         if self._thread is None:  # never started
             for s in self._socks.values():
                 s.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown()
             self._loop.close()
             return
         done = threading.Event()
@@ -140,7 +229,7 @@ class HttpServer:
             self._loop.call_soon_threadsafe(shutdown)  # queued even if run_forever has not begun yet
             done.wait(timeout_s)
         self._thread.join(timeout_s)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
         if not self._thread.is_alive():
             self._loop.close()
 
@@ -153,6 +242,8 @@ class HttpServer:
 
     def _on_accept(self, lname: str) -> None:
         sock = self._socks[lname]
+        if self._yields is not None:
+            self._yields.pause()
         for _ in range(_ACCEPT_BATCH):
             try:
                 conn_sock, addr = sock.accept()
@@ -163,11 +254,28 @@ class HttpServer:
                 return
             conn_sock.setblocking(False)
             self.stats.accepted += 1
+            lst = self.listeners[lname]
+            host = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
+            if lst.peers is not None:
+                if not lst.peers.admits(host):
+                    self.stats.source_refused += 1
+                    self._peer_warning(f"closing connections from {host} on {lname}: not in its allowed "
+                                       "source ranges")
+                    conn_sock.close()
+                    continue
+                if self._peer_conns[host] >= lst.peers.max_connections and not self._evict_one(host):
+                    self.stats.peer_refused += 1
+                    self._peer_warning(f"{host} holds {self._peer_conns[host]} connections on {lname} (its "
+                                       f"cap): refusing more from it")
+                    self._refuse(conn_sock, lst, counted=False,
+                                 message=f"too many connections from {host}; retry later")
+                    continue
             if len(self._conns) >= self.limits.max_connections and not self._evict_one():
-                self._refuse(conn_sock, self.listeners[lname])
+                self._refuse(conn_sock, lst)
                 continue
-            conn = _Connection(self, self.listeners[lname], conn_sock, addr)
+            conn = _Connection(self, lst, conn_sock, addr)
             self._conns.add(conn)
+            self._peer_conns[conn.peer[0]] += 1
             conn.start()
 
     def _accept_failed(self, lname: str, exc: OSError) -> None:
@@ -188,12 +296,15 @@ class HttpServer:
         if self._socks[lname].fileno() >= 0:
             self._loop.add_reader(self._socks[lname], self._on_accept, lname)
 
-    def _evict_one(self) -> bool:
+    def _evict_one(self, peer: str | None = None) -> bool:
         """Close the connection that costs the least to lose: first the oldest one that has not sent a
-        complete request (handshake, nothing yet, or a slow request), then the longest-idle keep-alive."""
+        complete request (handshake, nothing yet, or a slow request), then the longest-idle keep-alive.
+        ``peer``: only among that address's connections (its own cap)."""
         now = self._loop.time()
         best: tuple[int, float, _Connection] | None = None
         for c in self._conns:
+            if peer is not None and c.peer[0] != peer:
+                continue
             if c.state in ("handshake", "new") or (c.state in ("reading", "body")
                                                     and now - c.since > _SLOW_READER_S):
                 key = (0, c.since)
@@ -211,20 +322,33 @@ class HttpServer:
         best[2].abort()
         return True
 
-    def _refuse(self, sock: socket.socket, lst: Listener) -> None:
-        self.stats.refused += 1
-        now = time.monotonic()
-        if now - self._last_accept_error > 10:
-            self._last_accept_error = now
-            logger.warning("%s: %d connections open and all busy: refusing new connections on %s",
-                           self.name, len(self._conns), lst.name)
+    def _refuse(self, sock: socket.socket, lst: Listener, counted: bool = True,
+                message: str = "too many connections; retry later") -> None:
+        if counted:
+            self.stats.refused += 1
+            now = time.monotonic()
+            if now - self._last_accept_error > 10:
+                self._last_accept_error = now
+                logger.warning("%s: %d connections open and all busy: refusing new connections on %s",
+                               self.name, len(self._conns), lst.name)
         if lst.ssl_context is None:
             with contextlib.suppress(OSError):
-                sock.send(_raw_response(503, "too many connections; retry later", [("Retry-After", "1")]))
+                sock.send(_raw_response(503, message, [("Retry-After", "1")]))
         sock.close()
 
+    def _peer_warning(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self._last_peer_warning > 10:
+            self._last_peer_warning = now
+            logger.warning("%s: %s", self.name, text)
+
     def _forget(self, conn: _Connection) -> None:
-        self._conns.discard(conn)
+        if conn in self._conns:
+            self._conns.discard(conn)
+            host = conn.peer[0]
+            self._peer_conns[host] -= 1
+            if self._peer_conns[host] <= 0:
+                del self._peer_conns[host]
 
     # -- handler dispatch (event loop side)
     def _submit(self, conn: _Connection, route: Route, req: Request) -> None:
@@ -232,27 +356,104 @@ class HttpServer:
         if route.inline:
             conn.respond(self._call(route, req))
             return
-        if self._inflight >= self.limits.workers + self.limits.max_queued:
+        pool = self._pools[route.pool]
+        # a route with its own pool (the extender verbs beside the webhook) is not the peer cap's business
+        peer = conn.peer[0] if conn.lst.peers is not None and route.pool is None else None
+        if peer is not None and (self._peer_inflight[peer] >= conn.lst.peers.max_inflight
+                                 or pool.inflight >= pool.capacity):
+            self._park(peer, conn, route, req)
+            return
+        if not pool.acquire():
             self.stats.busy += 1
-            conn.respond(Response.error(503, f"server busy: {self._inflight} requests in flight; retry",
+            conn.respond(Response.error(503, f"server busy: {pool.inflight} requests in flight; retry",
                                         [("Retry-After", "1")]))
             return
-        self._inflight += 1
-        fut = self._executor.submit(self._call, route, req)
-        fut.add_done_callback(lambda f: self._hand_back(conn, f))
+        self._start(pool, peer, conn, route, req)
 
-    def _hand_back(self, conn: _Connection, fut: Future) -> None:
+    def _start(self, pool: Pool, peer: str | None, conn: _Connection, route: Route, req: Request) -> None:
+        if peer is not None:
+            self._peer_inflight[peer] += 1
+        try:
+            fut = pool.executor.submit(self._call, route, req)
+        except RuntimeError:  # shut down
+            pool.release()
+            return
+        fut.add_done_callback(lambda f: self._hand_back(conn, f, pool, peer))
+
+    # -- waiting requests of the listeners the network reaches (PeerLimits)
+    def _park(self, peer: str, conn: _Connection, route: Route, req: Request) -> None:
+        """Hold a request that finds its address at its in-flight cap, or no free handler, until one frees
+        (``_drain``), at most ``limits.queue_wait_s`` (then 503). Its connection is not read meanwhile (one
+        request at a time per connection), so a client that sends faster than it is answered costs nothing
+        more: refusing at once let a flood spin the event loop on refusals at the rate it could send."""
+        self.stats.parked += 1
+        entry: list = [conn, route, req, None]
+        entry[3] = self._loop.call_later(self.limits.queue_wait_s, self._expire, peer, entry)
+        self._parked.setdefault(peer, collections.deque()).append(entry)
+        if self._peer_inflight[peer] >= conn.lst.peers.max_inflight:
+            self._peer_warning(f"{peer} has {self._peer_inflight[peer]} requests in flight on "
+                               f"{conn.lst.name} (its cap): its next requests wait")
+
+    def _expire(self, peer: str, entry: list) -> None:
+        queue = self._parked.get(peer)
+        if queue is None or entry not in queue:
+            return
+        queue.remove(entry)
+        if not queue:
+            del self._parked[peer]
+        self.stats.busy += 1
+        wait = self.limits.queue_wait_s
+        entry[0].respond(Response.error(503, f"server busy: no request handler for {wait:g}s; retry",
+                                        [("Retry-After", "1")]))
+
+    def _drain(self) -> None:
+        """Start waiting requests while handlers are free, one address after another (round robin)."""
+        while self._parked and self.pool.inflight < self.pool.capacity:
+            started = False
+            for peer in list(self._parked):
+                queue = self._parked[peer]
+                while queue and queue[0][0].state == "closed":  # the client gave up
+                    queue.popleft()[3].cancel()
+                if not queue:
+                    del self._parked[peer]
+                    continue
+                conn = queue[0][0]
+                if self._peer_inflight[peer] >= conn.lst.peers.max_inflight:
+                    continue
+                if not self.pool.acquire():
+                    return
+                conn, route, req, timer = queue.popleft()
+                timer.cancel()
+                if not queue:
+                    del self._parked[peer]
+                else:
+                    self._parked.move_to_end(peer)  # the next address goes first next time
+                self._start(self.pool, peer, conn, route, req)
+                started = True
+                break
+            if not started:
+                return
+
+    def _hand_back(self, conn: _Connection, fut: Future, pool: Pool, peer: str | None) -> None:
         """(handler thread) the result goes back to the event loop, unless the server stopped."""
+        pool.release()
         with contextlib.suppress(RuntimeError):  # loop closed at shutdown
-            self._loop.call_soon_threadsafe(self._finished, conn, fut)
+            self._loop.call_soon_threadsafe(self._finished, conn, fut, peer)
 
-    def _finished(self, conn: _Connection, fut: Future) -> None:
-        self._inflight -= 1
+    def _finished(self, conn: _Connection, fut: Future, peer: str | None = None) -> None:
+        if peer is not None:
+            self._peer_inflight[peer] -= 1
+            if self._peer_inflight[peer] <= 0:
+                del self._peer_inflight[peer]
+        if self._parked:
+            self._drain()
         try:
             resp = fut.result()
         except BaseException:  # cancelled at shutdown
+            conn.unprioritise()
             return
         if isinstance(resp, Future):
+            conn.unprioritise()  # waiting (a node lock, a write) is not work: the others go on meanwhile
             # a deferred response (the extender's /bind waiting for a node lock): the handler thread is
             # free again; the handler bounds how many such answers are pending and for how long
             resp.add_done_callback(lambda f: self._hand_back_deferred(conn, f))
@@ -278,6 +479,8 @@ class HttpServer:
 
     def _call(self, route: Route, req: Request) -> Response:
         """Run a handler; every outcome is a Response (the connection always gets an answer)."""
+        if self._yields is not None and route.pool is None:
+            self._yields.pause()
         try:
             return route.handler(req)
         except HTTPError as exc:
@@ -330,6 +533,23 @@ class _Connection(asyncio.Protocol):
         self._task: asyncio.Task | None = None
         self._write_paused = False
         self._header_deadline = self.since + self.limits.header_timeout_s
+        self._prio = False  # this connection holds the server's Priority (a prioritised request under way)
+
+    def prioritise(self) -> None:
+        """Hold the server's Priority while this request is read and handled, for a caller that is already
+        known to be kube-scheduler's side: a loopback peer of a plain listener, or a peer that presented a
+        verified client certificate (mtls). Anyone else who can reach the listener could otherwise slow
+        the webhook down just by starting requests there."""
+        holds = self.server._holds
+        if holds is not None and not self._prio and (
+                self.peer_cert or (self.lst.ssl_context is None and _loopback(self.peer[0]))):
+            self._prio = True
+            holds.hold()
+
+    def unprioritise(self) -> None:
+        if self._prio:
+            self._prio = False
+            self.server._holds.release()
 
     # -- lifecycle
     def start(self) -> None:
@@ -381,6 +601,7 @@ class _Connection(asyncio.Protocol):
         self._closed()
 
     def _closed(self) -> None:
+        self.unprioritise()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -422,6 +643,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.state not in ("new", "keepalive", "reading", "body", "busy"):
             return  # closing: ignore
+        if self.server._yields is not None:
+            self.server._yields.pause()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -446,6 +669,7 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks (bounded: a refusal stops collecting, data_received answers it)
     def on_message_begin(self) -> None:
+        self.prioritise()
         self._in_message = True
         self._url.clear()
         self._headers = []
@@ -532,6 +756,8 @@ class _Connection(asyncio.Protocol):
             self.keep_alive = False
         self.transport.write(_encode(resp, self.server.name, not self.keep_alive,
                                      head_only=self._method == "HEAD"))
+        if not self.queue and not self._in_message:
+            self.unprioritise()  # answered, and nothing more of this connection is under way
         if not self.keep_alive:
             self.transport.close()  # Connection: close (client asked, or HTTP/1.0)
             self._set_state("closing", self.loop.time() + self.limits.write_timeout_s)

@@ -77,6 +77,11 @@ KINDS: dict[str, KindInfo] = {k.plural: k for k in (
     KindInfo("resourceclaims", "resourceclaim", "/apis/resource.k8s.io/v1", True),
     KindInfo("resourceclaimtemplates", "resourceclaimtemplate", "/apis/resource.k8s.io/v1", True),
     KindInfo("deviceclasses", "deviceclass", "/apis/resource.k8s.io/v1", False),
+    # the allocation guard (doctor cluster's ALLOCATION_GUARD_MISSING): policies bound, or the guard webhook
+    KindInfo("validatingadmissionpolicybindings", "validatingadmissionpolicybinding",
+             "/apis/admissionregistration.k8s.io/v1", False),
+    KindInfo("validatingwebhookconfigurations", "validatingwebhookconfiguration",
+             "/apis/admissionregistration.k8s.io/v1", False),
 )}
 
 

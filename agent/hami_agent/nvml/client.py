@@ -166,7 +166,11 @@ class NvmlClient:
                 limit = overdue.limit if overdue is not None else timeout
                 self._abandon(w, fn)
                 raise NvmlTimeout(fn, limit, w.pid)
-            got, msg = w.next_message(min(deadline - now, 0.1))
+            wait = min(deadline - now, 0.1)
+            due = w.until_next_deadline(now)
+            if due is not None:
+                wait = min(wait, max(due, 0.0) + 0.0002)  # wake just past an in-flight call's deadline
+            got, msg = w.next_message(wait)
             if not got:
                 continue
             if msg is None:

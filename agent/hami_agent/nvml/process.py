@@ -106,6 +106,13 @@ class WorkerProcess:
                 return call
         return None
 
+    def until_next_deadline(self, now: float | None = None) -> float | None:
+        """Seconds until the first in-flight call passes its deadline (<= 0: passed); None when idle.
+        Readers wait at most this long for the next message, so a call that overruns a deadline shorter
+        than their polling period is still caught while it is in flight (a 1 ms deadline included)."""
+        now = time.monotonic() if now is None else now
+        return min((c.started + c.limit - now for c in self.inflight.values()), default=None)
+
     def oldest_inflight(self) -> InFlight | None:
         return min(self.inflight.values(), key=lambda c: c.started, default=None)
 

@@ -207,7 +207,8 @@ class NvmlSupervisor:
         started = time.monotonic()
         got_any = got_inventory = False
         while not self._stop.is_set():
-            got, msg = w.next_message(0.1)
+            due = w.until_next_deadline()
+            got, msg = w.next_message(0.1 if due is None else min(0.1, max(due, 0.0) + 0.0002))
             if time.monotonic() - self._last_reap >= REAP_EVERY_S:
                 self._reap()
             overdue = w.overdue()

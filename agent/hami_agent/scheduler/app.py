@@ -13,12 +13,14 @@ from hami_agent.scheduler.confirm import GoneCheck
 from hami_agent.scheduler.events import EventSink
 from hami_agent.scheduler.extender import Extender, SchedulerConfig
 from hami_agent.scheduler.gctune import settle_heap
+from hami_agent.scheduler.guard import AllocationGuard
 from hami_agent.scheduler.heal import Healer
 from hami_agent.scheduler.leadership import (
     URL_ANNOTATION,
     Forwarder,
     ForwardSettings,
     LeaderGate,
+    advertise_identity,
     default_advertise_url,
 )
 from hami_agent.scheduler.lockwait import NodeLockWaiter
@@ -42,7 +44,7 @@ class SchedulerApp:
                  node_label_selector: str | None = None, leader_kwargs: dict | None = None,
                  tune_gc: bool = False, advertise_url: str | None = None,
                  forward: ForwardSettings | None = None, audit_interval_s: float = AUDIT_INTERVAL_S,
-                 serving: dict | None = None) -> None:
+                 serving: dict | None = None, guard: AllocationGuard | None = None) -> None:
         self.client = client
         self.config = config or SchedulerConfig()
         self.cache = UsageCache()
@@ -56,6 +58,10 @@ class SchedulerApp:
             from hami_agent.k8s.leader import LeaderElector
 
             kw = dict(leader_kwargs or {})
+            if advertise_url and "identity" not in kw:
+                # the identity names the host of the URL followers forward to, which is a name the serving
+                # certificate carries: a follower checks that the certificate names the Lease holder
+                kw["identity"] = advertise_identity(advertise_url)
             self.elector = LeaderElector(client, lease_namespace, lease_name,
                                          on_started_leading=self.gate.started_leading,
                                          on_stopped_leading=self.gate.stopped_leading, **kw)
@@ -98,7 +104,11 @@ class SchedulerApp:
         self.sync.on_node_gone = node_gone
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),
                                namespace_labels=self._namespace_labels)
+        # /validate: the admission policies' rules for clusters that cannot run them (scheduler/guard.py)
+        self.guard = guard or AllocationGuard(scheduler_names=(self.config.scheduler_name,),
+                                              names=self.config.names)
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
+                                         routes={"/validate": self.guard.review},
                                          cert_file=cert_file, key_file=key_file,
                                          registry=self.metrics.registry, ready=self.ready,
                                          profiling_enabled=profiling, max_body=max_body, metrics=self.metrics,
@@ -108,6 +118,8 @@ class SchedulerApp:
         if self.elector is not None:  # followers forward /filter and /bind to this URL while we lead
             self.elector.annotations[URL_ANNOTATION] = self.advertise_url
         self.gate.on_ready(lambda: self.healer.submit("audit-now", self._audit_once))
+        self.gate.on_refused = self._forward_refused
+        self.lease_ref = (lease_namespace, lease_name)
         self.metrics_bind = metrics_bind
         self.tune_gc = tune_gc  # process-wide GC settings: the cmd (own process) turns it on, tests do not
         self._sync_waiter: threading.Thread | None = None
@@ -125,6 +137,16 @@ class SchedulerApp:
     def ready(self) -> bool:
         """Synced, and able to answer: the leader with relisted caches, or a follower that can forward."""
         return self.sync.synced() and (self.gate.wait_ready(0) or self.gate.can_forward())
+
+    def _forward_refused(self, why: str, url: str, holder: str) -> None:
+        """A Warning event on the Lease: the operator sees that someone named a leader URL the followers do
+        not trust (the event correlator bounds repeats to a count)."""
+        ns, name = self.lease_ref
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"namespace": ns, "name": name}}
+        self.events.emit(lease, "Warning", "ForwardingRefused",
+                         f"follower {self.gate.identity} refused to forward kube-scheduler's requests to "
+                         f"{url[:200]} (Lease holder {holder[:100] or 'none'}): {why}")
 
     def _namespace_labels(self, ns: str) -> dict:
         obj = self.client.get("namespaces", ns)

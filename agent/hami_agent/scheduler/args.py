@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hami_agent.protocol.names import all_subdomains, label_error, subdomain_error, uid_error
 from hami_agent.scheduler.requests import pod_shape_error
 
 
@@ -67,7 +68,24 @@ def _identity(pod: object, where: str) -> tuple[str, str, str]:
     if not uid:
         raise BadRequest(f"{where}.metadata.uid: missing (the extender matches the pod by namespace, name "
                          "and uid; kube-scheduler always sends it)")
+    check_identity(ns, name, uid, f"{where}.metadata.namespace", f"{where}.metadata.name",
+                   f"{where}.metadata.uid")
     return ns, name, uid
+
+
+def check_identity(ns: object, name: object, uid: object, ns_field: str, name_field: str,
+                   uid_field: str) -> None:
+    """Refuse (``BadRequest`` naming the field) a namespace that is not a DNS-1123 label, a pod name that is
+    not a DNS-1123 subdomain or a uid that is not printable ASCII: checked before the identity is used for
+    anything (API paths, cache keys, logs, events)."""
+    for field, err in ((ns_field, label_error(ns)), (name_field, subdomain_error(name)),
+                       (uid_field, uid_error(uid))):
+        if err:
+            raise BadRequest(f"{field}: {err}")
+
+
+def _bad_node_name(field: str, value: object) -> BadRequest:
+    return BadRequest(f"{field}: not a node name: {subdomain_error(value)}")
 
 
 class _ValidNames:
@@ -111,6 +129,9 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
                 if not isinstance(n, str) or not n:
                     raise BadRequest(f"ExtenderArgs.NodeNames[{i}]: must be a non-empty node name string, "
                                      f"got {_kind(n)}")
+        if not all_subdomains(raw):  # one pass in C; a Python walk only to name the bad one
+            i, n = next((i, n) for i, n in enumerate(raw) if subdomain_error(n))
+            raise _bad_node_name(f"ExtenderArgs.NodeNames[{i}]", n)
         _ValidNames.remember(raw)
         return raw, None
     nodes = field_ci(args, "Nodes")
@@ -129,6 +150,8 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
         nm = md.get("name") if isinstance(md, dict) else None
         if not isinstance(nm, str) or not nm:
             raise BadRequest(f"ExtenderArgs.Nodes.items[{i}].metadata.name: missing or not a string")
+        if subdomain_error(nm):
+            raise _bad_node_name(f"ExtenderArgs.Nodes.items[{i}].metadata.name", nm)
         out.append(nm)
     return out, nodes
 
@@ -159,4 +182,8 @@ def parse_bind_args(args: Any) -> BindArgs:
             hint = " (the extender binds only the pod it filtered, matched by uid)" if f == "PodUID" else ""
             raise BadRequest(f"ExtenderBindingArgs.{f}: missing or not a string{hint}")
         vals[f] = v
+    check_identity(vals["PodNamespace"], vals["PodName"], vals["PodUID"], "ExtenderBindingArgs.PodNamespace",
+                   "ExtenderBindingArgs.PodName", "ExtenderBindingArgs.PodUID")
+    if subdomain_error(vals["Node"]):
+        raise _bad_node_name("ExtenderBindingArgs.Node", vals["Node"])
     return BindArgs(vals["PodNamespace"], vals["PodName"], vals["PodUID"], vals["Node"])

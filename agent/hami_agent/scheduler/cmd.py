@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forward-cert-file", default="",
                    help="client certificate presented when forwarding to the leader (mTLS extenders)")
     p.add_argument("--forward-key-file", default="", help="key of --forward-cert-file")
+    p.add_argument("--forward-peers", default="",
+                   help="comma-separated https URLs of the replicas (their --advertise-url): a follower "
+                        "forwards to one of these whoever the Lease names; any other URL on the Lease only "
+                        "when its certificate names the Lease holder")
     p.add_argument("--node-lock-timeout", type=parse_duration,
                    default=parse_duration(os.environ.get("HAMI_NODELOCK_EXPIRE", "5m")),
                    help="node lock expiry (Go duration; env HAMI_NODELOCK_EXPIRE; default 5m)")
@@ -87,6 +91,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the leader releases node locks whose owner no longer needs them and "
                         "re-reads unconfirmed cache entries (default 60s)")
     p.add_argument("--force-overwrite-default-scheduler", default="true", choices=("true", "false"))
+    # /validate (scheduler/guard.py): the admission policies' rules where the cluster cannot run them
+    p.add_argument("--guard-scheduler-user", default="system:serviceaccount:kube-system:hami-scheduler",
+                   help="/validate: the scheduler's ServiceAccount user, the one writer of HAMi allocation "
+                        "keys")
+    p.add_argument("--guard-plugin-user-prefix",
+                   default="system:serviceaccount:kube-system:hami-device-plugin-",
+                   help="/validate: a node's device plugin user is this prefix + the node name")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
     # -- who may call /filter, /prioritize, /bind (docs/scheduler.md "Authentication")
     p.add_argument("--extender-auth", choices=("loopback", "mtls", "token"), default="loopback",
@@ -104,10 +115,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="token: comma-separated TokenReview audiences (default: the API server's)")
     # -- serving bounds (docs/scheduler.md "Serving")
     p.add_argument("--max-connections", type=int, default=1024,
-                   help="open connections of all listeners together; idle ones are evicted for new ones, "
-                        "beyond that 503 (default 1024; the unit's LimitNOFILE allows it)")
+                   help="open connections of each listener group (the extender verbs' listener; the webhook "
+                        "and metrics listeners together); idle ones are evicted for new ones, beyond that "
+                        "503 (default 1024; the unit's LimitNOFILE allows it)")
     p.add_argument("--request-workers", type=int, default=8,
-                   help="request handler threads (default 8); up to 4x as many requests wait, then 503")
+                   help="request handler threads of each listener group (default 8); up to 4x as many "
+                        "requests wait, then 503")
+    p.add_argument("--max-connections-per-peer", type=int, default=128,
+                   help="connections one client address may hold on the webhook and metrics listeners "
+                        "(default 128; its oldest idle one is closed for a new one, else the new one is "
+                        "refused)")
+    p.add_argument("--max-requests-per-peer", type=int, default=16,
+                   help="requests one client address may have in flight on the webhook and metrics "
+                        "listeners (default 16; beyond: 429 with Retry-After)")
+    p.add_argument("--allowed-sources", default="",
+                   help="comma-separated addresses/CIDRs allowed to connect to --bind-address (the webhook's "
+                        "listener: the API servers, probes; default: any). Others are closed before TLS")
     p.add_argument("--profiling", action="store_true",
                    help="serve /debug/pprof/profile?seconds=N (CPU, folded stacks) and "
                         "/debug/pprof/goroutine (thread dump)")
@@ -149,6 +172,7 @@ def _csv(value: str) -> tuple[str, ...]:
 def build_serving(args: argparse.Namespace) -> dict:
     """The ``serving`` keyword arguments of ``SchedulerApp``: authentication and serving bounds."""
     from hami_agent.httpserve import Limits
+    from hami_agent.httpserve.model import PeerLimits, parse_cidrs
     from hami_agent.scheduler.auth import AuthConfig
     from hami_agent.scheduler.server import parse_bind
 
@@ -156,6 +180,8 @@ def build_serving(args: argparse.Namespace) -> dict:
         raise ValueError(f"--max-connections {args.max_connections}: want at least 16")
     if not 1 <= args.request_workers <= 256:
         raise ValueError(f"--request-workers {args.request_workers}: want 1 to 256")
+    if args.max_connections_per_peer < 1 or args.max_requests_per_peer < 1:
+        raise ValueError("--max-connections-per-peer and --max-requests-per-peer: want at least 1")
     if args.extender_auth == "mtls" and not (args.client_ca_file and args.cert_file and args.key_file):
         raise ValueError("--extender-auth=mtls needs --client-ca-file, --cert-file and --key-file")
     if args.client_ca_file and args.extender_auth != "mtls":
@@ -167,7 +193,9 @@ def build_serving(args: argparse.Namespace) -> dict:
            if args.extender_bind_address else None)
     limits = Limits(max_connections=args.max_connections, workers=args.request_workers,
                     max_queued=4 * args.request_workers, max_body=args.max_body_bytes)
-    return {"auth": auth, "extender_bind": ext, "limits": limits}
+    peers = PeerLimits(max_connections=args.max_connections_per_peer, max_inflight=args.max_requests_per_peer,
+                       allowed_sources=parse_cidrs(args.allowed_sources))
+    return {"auth": auth, "extender_bind": ext, "limits": limits, "peers": peers}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -176,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from hami_agent.scheduler.app import SchedulerApp
-    from hami_agent.scheduler.leadership import ForwardSettings
+    from hami_agent.scheduler.guard import AllocationGuard
+    from hami_agent.scheduler.leadership import ForwardSettings, normalize_url
     from hami_agent.scheduler.server import parse_bind
 
     logger = logging.getLogger("hami_agent.scheduler")
@@ -194,9 +223,18 @@ def run(args: argparse.Namespace) -> int:
                     leader_kwargs["retry_period_s"] * JITTER):
                 raise ValueError("--leader-elect-lease-duration must exceed --leader-elect-renew-deadline, "
                                  f"which must exceed {JITTER} x --leader-elect-retry-period")
+        peers = _csv(args.forward_peers)
+        bad = [u for u in peers if not (normalize_url(u) or "").startswith("https://")]
+        if bad:
+            raise ValueError(f"--forward-peers: {', '.join(bad)}: want https://host:port (kube-scheduler's "
+                             "requests are never forwarded in clear text)")
+        if args.leader_elect and not args.forward_ca_file:
+            logger.warning("--leader-elect without --forward-ca-file: this replica will not forward to a "
+                           "leader (followers verify the leader against the replicas' CA, never the system "
+                           "trust store); kube-scheduler's calls to it fail while it follows")
         forward = ForwardSettings(ca_file=args.forward_ca_file or None,
                                   cert_file=args.forward_cert_file or None,
-                                  key_file=args.forward_key_file or None)
+                                  key_file=args.forward_key_file or None, peers=peers)
         serving = build_serving(args)
         if args.audit_interval < 1:
             raise ValueError(f"--audit-interval {args.audit_interval:g}s: want at least 1s")
@@ -214,7 +252,9 @@ def run(args: argparse.Namespace) -> int:
             profiling=args.profiling, max_body=args.max_body_bytes, metrics_bind=mhost_port,
             register_interval_s=args.register_interval, node_label_selector=args.node_label_selector,
             tune_gc=True, leader_kwargs=leader_kwargs, advertise_url=args.advertise_url or None,
-            forward=forward, serving=serving, audit_interval_s=args.audit_interval)
+            forward=forward, serving=serving, audit_interval_s=args.audit_interval,
+            guard=AllocationGuard(args.guard_scheduler_user, args.guard_plugin_user_prefix,
+                                  (args.scheduler_name,), cfg.names))
         app.start()
     except ValueError as exc:  # a listener/auth combination that would not protect the verbs
         logger.error("bad flags: %s", exc)

@@ -201,8 +201,11 @@ class EventSink:
                 except Exception:  # a bug must not kill the worker
                     logger.exception("building the %s event message failed", reason)
                     continue
-            ref = {"kind": "Pod", "apiVersion": "v1", "metadata": pod.get("metadata") or {}}
-            verdict = self.correlator.correlate(ref["metadata"], "Pod", type_, reason, message,
+            # events are about pods, except the few about the Lease (a refused forward)
+            kind = pod.get("kind") if pod.get("kind") == "Lease" else "Pod"
+            ref = {"kind": kind, "apiVersion": pod.get("apiVersion", "v1") if kind != "Pod" else "v1",
+                   "metadata": pod.get("metadata") or {}}
+            verdict = self.correlator.correlate(ref["metadata"], kind, type_, reason, message,
                                                 self.component)
             if verdict.skip:
                 continue
@@ -214,5 +217,5 @@ class EventSink:
                 self.client.create_event(ref, type_, reason, verdict.message, self.component, **extra)
                 self.posted += 1
             except Exception as exc:  # an event is best effort; never kill the worker
-                logger.warning("create event %s for pod %s/%s failed: %s", reason,
+                logger.warning("create event %s for %s %s/%s failed: %s", reason, kind.lower(),
                                ref["metadata"].get("namespace"), ref["metadata"].get("name"), exc)

@@ -24,17 +24,34 @@ keep-alive, at most ``maxsize`` connections, connect/read timeouts, no retries (
 the pod). Its TLS settings come from ``client_ssl_context`` — the same client certificate the role gives
 kube-scheduler works — so a forwarded call meets the leader's extender authentication like
 kube-scheduler's own call does.
+
+**Only to a verified leader** (issue 27 item 4). The Lease is a weak witness: whoever may update it (the
+scheduler's own Role, and in many clusters other controllers with Lease rights in its namespace) can name
+any holder and any URL, and every follower would send kube-scheduler's /filter and /bind bodies there and
+hand the answers back to kube-scheduler. So a follower forwards only over https, verified against
+``--forward-ca-file`` (never the system trust store, where anyone can get a certificate for a name they
+own), to either a URL in ``--forward-peers`` (the replicas the operator configured) or a URL whose
+certificate names the Lease holder's host (the part of its identity before ``_<uuid>``; a replica started
+with ``--advertise-url`` takes that URL's host as its identity, so its serving certificate names it).
+Anything else is refused before a byte is sent: HTTP 503 to kube-scheduler, a ``ForwardingRefused``
+Warning event on the Lease, and the follower reports not ready. A Lease writer can still make the
+followers refuse (they would not lead either way), but cannot read or answer kube-scheduler's calls.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import ssl
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
+
+from hami_agent.protocol.names import subdomain_error
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +63,80 @@ class NotLeader(Exception):
     """This replica may not write (not the leader, or its lease could not be renewed in time)."""
 
 
+class ForwardRefused(Exception):
+    """The Lease names a leader this follower will not send kube-scheduler's requests to (the message says
+    why); answered with HTTP 503 and a ``ForwardingRefused`` event."""
+
+
 @dataclass(frozen=True)
 class ForwardSettings:
     """How a follower reaches the leader's extender."""
 
-    ca_file: str | None = None  # CA that signed the leader's serving certificate (None: system trust)
+    ca_file: str | None = None  # CA that signed the replicas' serving certificates (required to forward)
     cert_file: str | None = None  # client certificate for an extender that requires mTLS
     key_file: str | None = None
     timeout_s: float = 20.0  # below kube-scheduler's extender httpTimeout (HAMi's chart: 30s)
     max_connections: int = 8
+    # the replicas' URLs (--forward-peers): forwarded to whichever the Lease names, without a holder check
+    peers: tuple[str, ...] = ()
+
+
+def normalize_url(url: str) -> str | None:
+    """``https://Host:443/`` -> ``https://host:443``; None for anything that is not scheme://host[:port]."""
+    try:
+        u = urlsplit(url.strip())
+        port = u.port
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https") or not u.hostname or u.username or u.password or u.query \
+            or u.fragment or u.path not in ("", "/"):
+        return None
+    host = u.hostname.lower()
+    host = f"[{host}]" if ":" in host else host
+    return f"{u.scheme}://{host}:{port or (443 if u.scheme == 'https' else 80)}"
+
+
+def holder_host(identity: str) -> str | None:
+    """The host a Lease holder's identity names: ``<host>_<uuid>`` (client-go's and ours) -> ``<host>``, a
+    bare identity -> itself; None when that is neither a DNS name nor an IP address."""
+    host = identity
+    head, sep, tail = identity.rpartition("_")
+    if sep:
+        try:
+            uuid.UUID(tail)
+            host = head
+        except ValueError:
+            pass
+    host = host.lower()
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    return None if subdomain_error(host) else host
+
+
+def forward_target(url: str | None, holder: str, settings: ForwardSettings) -> tuple[str, str | None]:
+    """(URL to post to, host name its certificate must carry instead of the URL's, or None) for the leader
+    the Lease names; ``ForwardRefused`` saying why when this follower may not forward there."""
+    if not url:
+        raise ForwardRefused(f"the Lease holder {holder or '(none)'} published no {URL_ANNOTATION}")
+    norm = normalize_url(url)
+    if norm is None:
+        raise ForwardRefused(f"{URL_ANNOTATION} {url[:200]!r} is not scheme://host[:port]")
+    if not norm.startswith("https://"):
+        raise ForwardRefused(f"{URL_ANNOTATION} {url[:200]!r} is not https: kube-scheduler's requests are "
+                             "never forwarded in clear text")
+    if not settings.ca_file:
+        raise ForwardRefused("no --forward-ca-file: a follower verifies the leader against the replicas' own "
+                             "CA, never the system trust store")
+    if norm in {normalize_url(p) for p in settings.peers}:
+        return norm, None
+    host = holder_host(holder)
+    if host is None:
+        raise ForwardRefused(f"{URL_ANNOTATION} {url[:200]!r} is not in --forward-peers and the Lease holder "
+                             f"{holder[:100]!r} names no host its certificate could carry")
+    return norm, host
 
 
 def client_ssl_context(ca_file: str | None = None, cert_file: str | None = None,
@@ -77,14 +159,23 @@ class Forwarder:
             timeout=urllib3.Timeout(connect=min(5.0, s.timeout_s), read=s.timeout_s),
             ssl_context=client_ssl_context(s.ca_file, s.cert_file, s.key_file))
 
-    def post(self, url: str, verb: str, body: dict) -> dict:
-        """POST ``body`` to ``<url>/<verb>``; the decoded JSON object, or ``RuntimeError`` saying why not."""
+    def post(self, url: str, verb: str, body: dict, expect_name: str | None = None) -> dict:
+        """POST ``body`` to ``<url>/<verb>``; the decoded JSON object, or ``RuntimeError`` saying why not.
+        ``expect_name``: the host name the server's certificate must carry (instead of the URL's host); a
+        certificate that does not verify raises ``ForwardRefused``."""
         import urllib3
 
+        if not url.startswith("https://"):
+            raise ForwardRefused(f"{url[:200]!r} is not https: never forwarded in clear text")
         try:
-            resp = self._pool.request("POST", f"{url.rstrip('/')}/{verb}", body=json.dumps(body).encode(),
-                                      headers={"Content-Type": "application/json"},
-                                      pool_timeout=self.settings.timeout_s)
+            pool = self._pool.connection_from_url(
+                url, pool_kwargs={"assert_hostname": expect_name} if expect_name else None)
+            resp = pool.urlopen("POST", f"/{verb}", body=json.dumps(body).encode(),
+                                headers={"Content-Type": "application/json"},
+                                pool_timeout=self.settings.timeout_s, retries=False, redirect=False)
+        except urllib3.exceptions.SSLError as exc:
+            raise ForwardRefused(f"the certificate of {url} does not verify against --forward-ca-file"
+                                 + (f" for {expect_name}" if expect_name else "") + f": {exc}") from exc
         except urllib3.exceptions.HTTPError as exc:
             raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
         if resp.status != 200:
@@ -99,6 +190,12 @@ class Forwarder:
 
     def close(self) -> None:
         self._pool.clear()
+
+
+def advertise_identity(advertise_url: str) -> str:
+    """A Lease identity ``<host>_<uuid>`` whose host is the advertise URL's (client-go's form)."""
+    host = (urlsplit(advertise_url).hostname or "").lower() or "replica"
+    return f"{host}_{uuid.uuid4()}"
 
 
 def default_advertise_url(host: str, port: int, tls: bool) -> str:
@@ -121,6 +218,10 @@ class LeaderGate:
                  relist: Callable[[float], bool] | None = None, relist_timeout_s: float = 60.0) -> None:
         self.elector = elector
         self.forwarder = forwarder
+        # called with (why, url, holder) when a forward is refused (the app records an event on the Lease)
+        self.on_refused: Callable[[str, str, str], None] | None = None
+        self.refused = 0
+        self._refused_target: tuple[str, str] | None = None  # (holder, url) refused at its TLS handshake
         self.relist = relist
         self._relist_timeout_s = relist_timeout_s
         self._ready = threading.Event()
@@ -208,11 +309,28 @@ class LeaderGate:
             return None
         return self.elector.leader_annotation(URL_ANNOTATION)
 
+    def _target(self) -> tuple[str, str | None, str]:
+        """(url, name its certificate must carry, holder) of the leader, or ``ForwardRefused``."""
+        holder = self.elector.leader() if self.elector is not None else ""
+        settings = self.forwarder.settings if self.forwarder is not None else ForwardSettings()
+        url, expect = forward_target(self.leader_url(), holder, settings)
+        return url, expect, holder
+
     def can_forward(self) -> bool:
-        return self.forwarder is not None and bool(self.leader_url())
+        """A leader is known and the Lease names a URL this follower may forward to."""
+        url = self.leader_url()
+        if self.forwarder is None or not url:
+            return False
+        try:
+            self._target()
+        except ForwardRefused:
+            return False
+        # a leader whose certificate did not verify stays refused until the Lease names another
+        return self._refused_target != (self.elector.leader(), url)
 
     def forward(self, verb: str, args: dict, error: Callable[[str], dict]) -> dict:
-        """Answer a follower's request through the leader (or an error kube-scheduler retries)."""
+        """Answer a follower's request through the leader (or an error kube-scheduler retries). A leader URL
+        this follower may not forward to raises ``HTTPError`` 503 (``ForwardRefused``, with an event)."""
         if args.get(FORWARDED_BY):
             return error(f"not the leader (request forwarded by {args.get(FORWARDED_BY)!r}); the leadership "
                          "is changing: kube-scheduler will retry")
@@ -224,10 +342,31 @@ class LeaderGate:
                          "will retry")
         body = dict(args)
         body[FORWARDED_BY] = self.identity
+        holder = self.elector.leader() if self.elector is not None else ""
         try:
-            out = self.forwarder.post(url, verb, body)
+            url, expect, holder = self._target()
+            out = self.forwarder.post(url, verb, body, expect_name=expect)
+        except ForwardRefused as exc:
+            raise self._refuse(verb, str(exc), url, holder) from None
         except RuntimeError as exc:
             logger.warning("forwarding /%s to leader %s failed: %s", verb, url, exc)
             return error(f"forwarding /{verb} to the leader at {url} failed: {exc}")
         self.forwarded += 1
         return out
+
+    def _refuse(self, verb: str, why: str, url: str, holder: str) -> Exception:
+        from hami_agent.httpserve import HTTPError
+
+        self.refused += 1
+        self._refused_target = (holder, url)
+        logger.error("REFUSING to forward /%s to %s (Lease holder %s): %s. Someone who can update the Lease "
+                     "may be redirecting kube-scheduler's calls; check who wrote it", verb, url[:200],
+                     holder[:100] or "(none)", why)
+        if self.on_refused is not None:
+            try:
+                self.on_refused(why, url, holder)
+            except Exception:
+                logger.exception("recording the refused forward failed")
+        return HTTPError(503, f"this extender replica is not the leader and refuses to forward /{verb} to "
+                              f"the leader the Lease names ({url[:200]}): {why}; nothing was sent",
+                         [("Retry-After", "5")])

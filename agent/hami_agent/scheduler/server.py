@@ -10,7 +10,14 @@ handler sees them. Listeners:
   listener.
 - ``extender`` (``--extender-bind-address``, optional): the verbs (and health). With
   ``--extender-auth=loopback`` on a non-loopback ``--bind-address`` this is where kube-scheduler calls.
-- ``metrics`` (``--metrics-bind``, optional): /metrics and /healthz only."""
+- ``metrics`` (``--metrics-bind``, optional): /metrics and /healthz only.
+
+Listeners that cannot starve each other (issue 27 item 2): the public listeners (``main``, ``metrics``)
+and the verbs' ``extender`` listener are two ``HttpServer``s, each with its own event-loop thread,
+connection budget, handler threads and queue, so nothing sent to the webhook's address takes anything
+kube-scheduler's calls need. When the verbs share ``main`` (no ``--extender-bind-address``) they still
+run on a pool of their own. The public listeners cap what one client address may hold (``PeerLimits``:
+connections, requests in flight) and ``main`` optionally admits only ``--allowed-sources``."""
 
 from __future__ import annotations
 
@@ -25,7 +32,9 @@ from urllib.parse import parse_qs
 from hami_agent.httpserve import HTTPError, HttpServer, Limits, Listener, Request, Response, Route
 from hami_agent.httpserve import listener_is_loopback as is_loopback
 from hami_agent.httpserve.jsonbody import RepeatedArray, parse_json
+from hami_agent.httpserve.model import PeerLimits
 from hami_agent.httpserve.ops import healthz_route, metrics_route
+from hami_agent.httpserve.server import Pool, Priority, Stats
 from hami_agent.httpserve.tls import server_context
 from hami_agent.scheduler import auth as authn
 from hami_agent.scheduler import profiling, shapes
@@ -75,7 +84,8 @@ class ExtenderHTTPServer:
                  routes: dict[str, Callable[[Any], Any]] | None = None,
                  auth: authn.AuthConfig | authn.Authenticator | None = None,
                  extender_bind: tuple[str, int] | None = None, metrics_bind: tuple[str, int] | None = None,
-                 limits: Limits | None = None, name: str = "hami-scheduler") -> None:
+                 limits: Limits | None = None, name: str = "hami-scheduler",
+                 peers: PeerLimits | None = None) -> None:
         json_routes: dict[str, Callable[[Any], Any]] = dict(routes or {})
         validated: set[str] = set()
         if extender is not None:
@@ -109,8 +119,14 @@ class ExtenderHTTPServer:
         main_ctx = server_context(cert_file, key_file, client_ca if not extender_bind else None) \
             if cert_file else None
 
+        # the verbs' own handler pool when they share the main listener with the webhook
+        shared_verbs = bool(verb_paths) and not extender_bind
+        self._verbs_pool = (Pool(f"{name}-verbs", self.limits.workers, self.limits.max_queued)
+                            if shared_verbs else None)
+
         def post(path: str) -> Route:
-            return Route(self._json_handler(path, json_routes[path], path in validated))
+            pool = "verbs" if shared_verbs and path in verb_paths else None
+            return Route(self._json_handler(path, json_routes[path], path in validated), pool=pool)
 
         common: dict[tuple[str, str], Route] = {
             ("GET", "/healthz"): healthz_route(), ("GET", "/livez"): healthz_route(),
@@ -119,10 +135,11 @@ class ExtenderHTTPServer:
             common[("GET", "/metrics")] = metrics_route(registry)
         pprof = {("GET", "/debug/pprof*"): Route(self._pprof)} if profiling_enabled else {}
 
+        peers = peers or PeerLimits()
         main_routes = dict(common)
         main_routes.update({("POST", p): post(p) for p in json_routes
                             if p not in verb_paths or not extender_bind})
-        listeners = [Listener("main", host, port, main_routes, main_ctx)]
+        listeners = [Listener("main", host, port, main_routes, main_ctx, peers=peers)]
         if pprof and is_loopback(host):
             main_routes.update(pprof)
         if extender_bind:
@@ -135,15 +152,41 @@ class ExtenderHTTPServer:
             if pprof and not is_loopback(extender_bind[0]):
                 for k in pprof:
                     ext_routes.pop(k)
-            listeners.append(Listener("extender", extender_bind[0], extender_bind[1], ext_routes, ext_ctx))
+            verbs_listener = Listener("extender", extender_bind[0], extender_bind[1], ext_routes, ext_ctx)
         if metrics_bind is not None and registry is not None:
             listeners.append(Listener("metrics", metrics_bind[0], metrics_bind[1], {
-                ("GET", "/metrics"): metrics_route(registry), ("GET", "/healthz"): healthz_route()}))
-        if profiling_enabled and not any(("GET", "/debug/pprof*") in lst.routes for lst in listeners):
+                ("GET", "/metrics"): metrics_route(registry), ("GET", "/healthz"): healthz_route()},
+                peers=PeerLimits(peers.max_connections, peers.max_inflight)))
+        every = listeners + ([verbs_listener] if extender_bind else [])
+        if profiling_enabled and not any(("GET", "/debug/pprof*") in lst.routes for lst in every):
             logger.warning("--profiling: /debug/pprof is served only on a loopback listener and none is "
                            "configured; set --bind-address or --extender-bind-address to 127.0.0.1:PORT")
-        self._server = HttpServer(listeners, self.limits, name=name)
+        # two servers, two event loops: kube-scheduler's listener shares no thread, queue or connection
+        # budget with the listeners the network reaches; and while one of kube-scheduler's requests is
+        # read or handled, the public listeners' threads yield the interpreter to it (Priority)
+        servers: list[HttpServer] = []
+        priority = Priority() if extender_bind else None
+        try:
+            if extender_bind:
+                servers.append(HttpServer([verbs_listener], self.limits, name=f"{name}-verbs",
+                                          priority=priority, prioritised=True))
+            pools = {"verbs": self._verbs_pool} if self._verbs_pool is not None else None
+            servers.append(HttpServer(listeners, self.limits, name=name, pools=pools, priority=priority))
+        except BaseException:
+            for srv in servers:
+                srv.stop()
+            if self._verbs_pool is not None:
+                self._verbs_pool.shutdown()
+            raise
+        self._servers = servers
+        self._server = servers[-1]  # main (+ metrics)
+        self._verbs_server = servers[0] if extender_bind else self._server
         self._extender_listener = "extender" if extender_bind else "main"
+        if shared_verbs and not is_loopback(host):
+            logger.warning("the extender verbs share --bind-address %s with the webhook: they keep their own "
+                           "handler threads, but not their own connections; set --extender-bind-address so "
+                           "that nothing sent to the webhook's address can delay kube-scheduler's calls",
+                           host or "0.0.0.0")
 
     @staticmethod
     def _check_auth_placement(mode: str, verbs_host: str, separate: bool, cert_file: str | None) -> None:
@@ -169,10 +212,11 @@ class ExtenderHTTPServer:
 
     @property
     def extender_port(self) -> int:
-        return self._server.port(self._extender_listener)
+        return self._verbs_server.port(self._extender_listener)
 
     def _url(self, listener: str, tls: bool) -> str:
-        host, port = self._server.address(listener)
+        srv = self._verbs_server if listener == "extender" else self._server
+        host, port = srv.address(listener)
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         host = f"[{host}]" if ":" in host else host
         return f"{'https' if tls else 'http'}://{host}:{port}"
@@ -183,25 +227,41 @@ class ExtenderHTTPServer:
 
     @property
     def extender_url(self) -> str:
-        lst = self._server.listeners[self._extender_listener]
+        lst = self._verbs_server.listeners[self._extender_listener]
         return self._url(self._extender_listener, lst.ssl_context is not None)
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> Stats:
+        """Every listener's counters together (``public_stats``/``verbs_stats`` apart)."""
+        total = Stats()
+        for srv in self._servers:
+            total = total + srv.stats
+        return total
+
+    @property
+    def public_stats(self) -> Stats:
         return self._server.stats
 
     @property
+    def verbs_stats(self) -> Stats:
+        return self._verbs_server.stats
+
+    @property
     def open_connections(self) -> int:
-        return self._server.open_connections
+        return sum(srv.open_connections for srv in self._servers)
 
     def start(self) -> ExtenderHTTPServer:
-        self._server.start()
+        for srv in self._servers:
+            srv.start()
         logger.info("scheduler listening on %s (extender verbs on %s, --extender-auth=%s)", self.url,
                     self.extender_url, self.auth.mode)
         return self
 
     def stop(self) -> None:
-        self._server.stop()
+        for srv in self._servers:
+            srv.stop()
+        if self._verbs_pool is not None:
+            self._verbs_pool.shutdown()
 
     # -- handlers
     def _json_handler(self, path: str, fn: Callable[[Any], Any],

@@ -3,8 +3,9 @@
 
 For pods with HAMi resources: set ``schedulerName``, add ``nvidia.com/gpu`` when only memory/cores are
 given, the exclusive default (``gpucores: 100``), ``CUDA_TASK_PRIORITY`` and
-``GPU_CORE_UTILIZATION_POLICY`` envs; deny privileged GPU containers, pods with ``nodeName`` preset,
-and pods over the namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set.
+``GPU_CORE_UTILIZATION_POLICY`` envs; deny privileged GPU containers, pods with ``nodeName`` preset or
+another scheduler's ``schedulerName`` (rivals of the pods HAMi places, issue 27 item 3), and pods over the
+namespace quota; strip scheduler-owned ``hami.io/*`` annotations a user set.
 
 The webhook is not a security control: tenants can skip it (``hami.io/webhook=ignore``, their own
 ``schedulerName``) and it never sees an UPDATE. What keeps allocation keys honest is the admission rule
@@ -25,6 +26,7 @@ from typing import Any
 
 from hami_agent.httpserve import HTTPError
 from hami_agent.protocol import keys
+from hami_agent.protocol.names import label_error, subdomain_error
 from hami_agent.protocol.requests import has_hami_resources, resource_int, webhook_resource_defaults
 from hami_agent.scheduler import shapes
 from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
@@ -68,6 +70,7 @@ class Webhook:
 
     def admit(self, req: Any) -> dict:
         _check_request(req)
+        _check_names(req)
         pod = req.get("object")
         kind = (req.get("kind") or {}).get("kind")  # the webhook is registered for pods only
         creating = req.get("operation", "CREATE") == "CREATE"
@@ -87,6 +90,15 @@ class Webhook:
         spec = pod.get("spec") or {}
         sched = spec.get("schedulerName") or ""
         if sched and sched not in (DEFAULT_SCHEDULER, self.config.scheduler_name):
+            # another scheduler's pod is not ours to mutate, but one that asks for a HAMi resource would reach
+            # a node as a rival of the pod HAMi locked it for (issue 27 item 3; the admission rule
+            # hami-scheduled-gpu-pods refuses it whatever the labels)
+            for kind in ("initContainers", "containers"):
+                for c in spec.get(kind) or []:
+                    if has_hami_resources(c, names):
+                        return _deny(f"pod requests HAMi resources but schedulerName is {sched}: set "
+                                     f"schedulerName {self.config.scheduler_name} (HAMi places pods that use "
+                                     "its resources)")
             return {"allowed": True}
         new = copy.deepcopy(pod)
         nspec = new.setdefault("spec", {})
@@ -188,6 +200,25 @@ def _check_request(req: Any) -> None:
                                              else ""}})
     except HTTPError as exc:
         raise BadRequest(exc.message) from None
+
+
+def _check_names(req: dict) -> None:
+    """The namespace and pod name a review carries, checked before any use (the namespace's labels and
+    quota are read from the API by it). Mutating admission runs before the API server validates the
+    object, so a name may be empty (``generateName``) but, when given, must be one the server accepts."""
+    obj = req.get("object") if isinstance(req.get("object"), dict) else {}
+    md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    for field, value, check in (("AdmissionReview.request.namespace", req.get("namespace"), label_error),
+                                ("AdmissionReview.request.name", req.get("name"), subdomain_error),
+                                ("AdmissionReview.request.object.metadata.namespace", md.get("namespace"),
+                                 label_error),
+                                ("AdmissionReview.request.object.metadata.name", md.get("name"),
+                                 subdomain_error)):
+        if value in (None, ""):
+            continue
+        err = check(value)
+        if err:
+            raise BadRequest(f"{field}: {err}")
 
 
 def _deny(message: str) -> dict:

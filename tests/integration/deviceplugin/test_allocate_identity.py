@@ -214,3 +214,36 @@ def test_a_pod_bound_without_the_lock_makes_the_admission_ambiguous(start_plugin
     res = kubelet.admit(holder, timeout=10)
     assert res is not None and res.admitted, res
     assert res.allocations["c"][GPU]["envs"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "30000m"
+
+
+@pytest.mark.timeout(60)
+def test_a_rival_pod_is_refused_and_so_is_the_scheduled_pod_while_it_waits(start_plugin, kubelet):
+    """Issue 27 item 3, the device plugin's side (unchanged: refuse, never over-commit). Admission now
+    refuses to create such a rival, but one made before the policy, or on a cluster without it, still
+    reaches the kubelet: a tenant pod with spec.nodeName set, a foreign schedulerName and nvidia.com/gpu: 1,
+    no hami.io keys, next to a pod the scheduler bound and locked the node for. Whichever the kubelet
+    admits, Allocate cannot tell them apart: both are refused and nothing is written. Once the rival is
+    gone, the scheduled pod gets exactly its own share; the rival never gets a device."""
+    pods = MemoryPodSource(NODE)
+    start(start_plugin, kubelet, pods)
+    u0 = gpu_uuid(0)
+    holder = hami_pod("scheduled", NODE, [ctr("c", 1)], f"{u0},NVIDIA,8000,25:;")
+    rival = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "rival", "namespace": "tenant", "uid": "uid-rival", "annotations": {}},
+             "spec": {"nodeName": NODE, "schedulerName": "my-own-scheduler", "containers": [ctr("c", 1)]},
+             "status": {"phase": "Pending"}}
+    pods.add_pod(holder)
+    pods.add_pod(rival)
+    pods.node_annotations[keys.NODE_LOCK] = lock_value("scheduled")
+    snapshot = copy.deepcopy(pods.pods)
+    for first in (rival, holder):  # the kubelet admits either one first
+        res = kubelet.admit(first, timeout=10)
+        assert res is not None and not res.admitted, res
+        assert "ambiguous admission" in res.message and "tenant/rival" in res.message, res.message
+        assert res.allocations == {}
+    assert pods.pods == snapshot and pods.patches == []  # nothing written, no device promised
+    rival["status"]["phase"] = "Failed"  # the kubelet rejected it (UnexpectedAdmissionError)
+    res = kubelet.admit(holder, timeout=10)
+    assert res is not None and res.admitted, res
+    envs = res.allocations["c"][GPU]["envs"]
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8000m" and envs["CUDA_DEVICE_SM_LIMIT"] == "25"

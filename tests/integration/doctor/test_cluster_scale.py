@@ -25,7 +25,9 @@ def _calls(capsys: pytest.CaptureFixture[str], nodes: int, pods: int) -> tuple[d
 def test_list_calls_do_not_grow_with_the_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     small, report_small = _calls(capsys, nodes=3, pods=30)
     large, report_large = _calls(capsys, nodes=30, pods=300)
-    assert small == large == {"list-etcd": 3}  # nodes, pods, pod events: one page each at this size
+    # nodes, pods, pod events: one page each at this size; and the allocation guard (policy bindings, webhook
+    # configurations: ALLOCATION_GUARD_MISSING)
+    assert small == large == {"list-etcd": 5}
     assert len(report_large["children"]) == 30 + 5 and len(report_small["children"]) == 3 + 5
     pending = [c for c in report_large["children"] if c["command"] == "pod"]
     facts = pending[0]["facts"]
@@ -52,7 +54,8 @@ def test_per_node_collectors_run_without_a_thread_each(capsys: pytest.CaptureFix
 
     monkeypatch.setattr(base.threading.Thread, "start", start)
     _calls(capsys, nodes=30, pods=300)
-    assert started == ["doctor-cluster_list"], started  # the API list only: it has a deadline
+    # the API lists only (each has a deadline)
+    assert started == ["doctor-cluster_list", "doctor-admission_guard"], started
 
 
 def test_doctor_cluster_imports_only_what_it_runs(tmp_path) -> None:

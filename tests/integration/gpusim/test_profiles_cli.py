@@ -14,6 +14,7 @@ from tests.gpusim import gpusim_state as gs
 from tests.gpusim.fixtures import GPUSIM_CLI
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+PROFILES = ["a100-80gb-x8", "gh200-unified", "h100-80gb-x4", "h100-sxm", "h20-mig-mixed"]
 
 
 def cli(*args: str, state: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -24,7 +25,7 @@ def cli(*args: str, state: Path | None = None) -> subprocess.CompletedProcess[st
 
 
 def test_profiles_exist_and_validate() -> None:
-    assert gs.list_profiles() == ["a100-80gb-x8", "gh200-unified", "h100-80gb-x4", "h20-mig-mixed"]
+    assert gs.list_profiles() == PROFILES
     for name in gs.list_profiles():
         state = gs.load_profile(name)
         assert state["profile"] == name
@@ -49,7 +50,7 @@ def test_seed_003_node() -> None:
     assert gs.is_mixed_mig(state) and gs.init_would_hang(state)
 
 
-@pytest.mark.parametrize("name", ["a100-80gb-x8", "gh200-unified", "h100-80gb-x4", "h20-mig-mixed"])
+@pytest.mark.parametrize("name", PROFILES)
 def test_catalog_names_follow_nvidia_smi_naming(name: str) -> None:
     """Each catalog entry's name must be what the agent derives from its slices and memory."""
     state = gs.load_profile(name)
@@ -70,6 +71,20 @@ def test_catalog_names_follow_nvidia_smi_naming(name: str) -> None:
                        for gi in gpu["mig"]["gpu_instances"])
         pairs = zip(spans, spans[1:], strict=False)
         assert all(a[1] <= b[0] for a, b in pairs), f"overlapping GIs on {gpu['uuid']}"
+
+
+def test_h100_sxm_is_the_lent_board_from_public_specs() -> None:
+    """issue 30: one H100 SXM5 80GB, MIG capable and disabled, built from public facts until the first real
+    run's answers (scripts/device_check.py) correct it."""
+    state = gs.load_profile("h100-sxm")
+    assert "to be corrected from the first real run" in state["source"]
+    (gpu,) = state["gpus"]
+    assert (gpu["name"], gpu["memory_total_mib"], gpu["cores"], gpu["compute_capability"]) == (
+        "NVIDIA H100 80GB HBM3", 81559, 132, [9, 0])
+    assert gpu["mig"]["capable"] and gpu["mig"]["current"] == 0 and not gpu["mig"]["devices"]
+    counts = {p["name"]: p["max_instances"] for p in state["mig_profiles"][gpu["name"]]}
+    assert counts == {"1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1,
+                      "7g.80gb": 1}
 
 
 def test_gh200_reports_no_memory() -> None:

@@ -207,6 +207,27 @@ def test_q_and_summary_carry_versions(h20):
     assert "CUDA Version: 12.8" in smi(h20).stdout
 
 
+def test_q_x_is_the_real_xml_layout(seed_node):
+    """``-q -x`` (issue 30's device check compares the agent with it): nvidia_smi_log, per-GPU elements under
+    the real tool's names; MIG devices of a MIG GPU; no field gpusim does not model."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(smi(seed_node, "-q", "-x").stdout)
+    assert root.tag == "nvidia_smi_log" and root.findtext("driver_version") == "570.172.08"
+    assert root.findtext("cuda_version") == "12.8" and root.findtext("attached_gpus") == "8"
+    gpus = root.findall("gpu")
+    assert gpus[0].get("id") == "00000000:0F:00.0" == gpus[0].findtext("pci/pci_bus_id")
+    assert gpus[0].findtext("uuid") == "GPU-2f815c32-768d-d782-1073-db01d7b90215"
+    assert gpus[0].findtext("product_name") == "NVIDIA H20"
+    assert gpus[0].findtext("fb_memory_usage/total") == "97871 MiB"
+    assert (gpus[0].findtext("mig_mode/current_mig"), gpus[3].findtext("mig_mode/current_mig")) == (
+        "Enabled", "Disabled")
+    assert len(gpus[0].findall("mig_devices/mig_device")) == 4
+    assert gpus[3].findtext("mig_devices") == "None"
+    one = ET.fromstring(smi(seed_node, "-q", "-x", "-i", "3").stdout)
+    assert len(one.findall("gpu")) == 1
+
+
 @pytest.mark.timeout(60)
 def test_mps_control_daemon_lifecycle(h20, tmp_path):
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log")}

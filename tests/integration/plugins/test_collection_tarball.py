@@ -31,9 +31,9 @@ DECOY = "generated-decoy"
 # Top-level files and path prefixes a user's install may contain: the product, never the development tree.
 ALLOWED_FILES = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "pyproject.toml",
                  "meta/runtime.yml"}
-ALLOWED_PREFIXES = ("agent/hami_agent/", "dashboards/", "docs/", "playbooks/", "plugins/connection/",
-                    "plugins/filter/", "plugins/modules/", "plugins/module_utils/", "roles/",
-                    "inventories/example/")
+ALLOWED_PREFIXES = ("agent/hami_agent/", "dashboards/", "docs/", "playbooks/", "plugins/callback/",
+                    "plugins/connection/", "plugins/filter/", "plugins/modules/", "plugins/module_utils/",
+                    "roles/", "inventories/example/")
 
 # Generated paths .gitignore does not list (tools that write them are run from other directories too).
 EXTRA_GENERATED = tuple(p.format(d=DECOY) for p in (

@@ -10,6 +10,7 @@ import os
 import random
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from hami_agent.scheduler.app import SchedulerApp
 from hami_agent.scheduler.extender import SchedulerConfig
 from hami_agent.scheduler.leadership import URL_ANNOTATION
 from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod
+from tests.integration.scheduler.pki import make_pki
 from tests.integration.scheduler.test_trust import create, filter_, wait_for
 from tests.sim.kube_scheduler import ExtenderClient, KubeSchedulerSim
 from tests.sim.kube_scheduler_allocator import AllocatorStub
@@ -63,9 +65,15 @@ def leader_of(apps: list[SchedulerApp]) -> SchedulerApp | None:
     return next((a for a in apps if a.gate.wait_ready(0)), None)
 
 
+# the test's own probes do not verify the replicas' certificates (the followers do)
+PROBE_TLS = ssl.create_default_context()
+PROBE_TLS.check_hostname = False
+PROBE_TLS.verify_mode = ssl.CERT_NONE
+
+
 def ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+        with urllib.request.urlopen(url + "/readyz", timeout=2, context=PROBE_TLS) as r:
             return r.status == 200
     except OSError:
         return False
@@ -74,18 +82,24 @@ def ready(url: str) -> bool:
 @contextlib.contextmanager
 def replica_processes(api, tmp_path, n: int = 2) -> Iterator[dict[str, subprocess.Popen]]:
     """``n`` ``hami-agent scheduler --leader-elect`` processes (a leader can be killed with SIGKILL, as a
-    crash would: connections reset, Lease not released). Yields {url: process}."""
+    crash would: connections reset, Lease not released). Yields {url: process}. The replicas serve TLS
+    with one CA; a follower forwards only to a leader whose certificate that CA verifies and names the
+    Lease holder (the advertise URL's host, 127.0.0.1: an IP SAN of the test certificate)."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs: dict[str, subprocess.Popen] = {}
     logs = []
+    (tmp_path / "pki").mkdir(exist_ok=True)
+    pki = make_pki(tmp_path / "pki")
     try:
         for i in range(n):
             port = free_port()
-            url = f"http://127.0.0.1:{port}"
+            url = f"https://127.0.0.1:{port}"
             log = open(tmp_path / f"replica-{i}.log", "w")  # noqa: SIM115 - closed in finally
             logs.append(log)
             procs[url] = subprocess.Popen(
                 [sys.executable, "-m", "hami_agent", "scheduler", "--kubeconfig", api.kubeconfig_path,
+                 "--cert-file", pki.server.cert, "--key-file", pki.server.key,
+                 "--forward-ca-file", pki.ca.cert,
                  "--bind-address", f"127.0.0.1:{port}", "--metrics-bind", "", "--register-interval", "1s",
                  "--leader-elect", "--leader-elect-namespace", "default",
                  "--leader-elect-lease-duration", f"{LEASE['lease_duration_s']}s",
@@ -147,7 +161,7 @@ def test_two_replicas_with_a_leader_killed_mid_run_never_over_commit(api_server,
             elapsed = time.monotonic() - t0
             report = check_cluster(api_server, timeout_s=20)
             survivor_url = next(u for u in procs if u != old_url)
-            with urllib.request.urlopen(survivor_url + "/metrics", timeout=5) as r:
+            with urllib.request.urlopen(survivor_url + "/metrics", timeout=5, context=PROBE_TLS) as r:
                 metrics = r.read().decode()
         finally:
             sim.stop()
@@ -171,6 +185,7 @@ def test_two_replicas_with_a_leader_killed_mid_run_never_over_commit(api_server,
     assert len(bound) + len(pending) == n_pods and len(bound) == report.counts["bound"]
     assert len(bound) >= 100, f"only {len(bound)} pods bound"
     assert "successfully acquired lease" in survivor_log
+    assert "REFUSING to forward" not in survivor_log  # the leader's certificate verified and named it
     forwarded = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                     if line.startswith("hami_scheduler_requests_total{") and 'result="forwarded"' in line)
     assert forwarded > 0, "the follower never forwarded: the Service split did not happen"

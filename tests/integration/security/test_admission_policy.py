@@ -30,9 +30,11 @@ FORGED = {keys.VGPU_NODE: "gpu-0", keys.VGPU_TIME: "1700000000",
 
 
 def pod(name: str, annotations: dict | None = None, labels: dict | None = None, node: str | None = None,
-        gpu: bool = True) -> dict:
+        gpu: bool = True, scheduler: str | None = "hami-scheduler") -> dict:
     limits = {"nvidia.com/gpu": "1"} if gpu else {}
     spec: dict = {"containers": [{"name": "c", "image": "cuda", "resources": {"limits": limits}}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
     if node:
         spec["nodeName"] = node
     return {"apiVersion": "v1", "kind": "Pod",
@@ -272,3 +274,80 @@ def test_the_policy_protects_every_key_the_scheduler_owns():
     assert defaults["hami_rbac_allocation_labels"] == [keys.VGPU_NODE]
     assert set(defaults["hami_rbac_device_plugin_pod_keys"]) == {keys.DEVICES_TO_ALLOCATE, keys.BIND_PHASE,
                                                                  keys.MIG_ALLOCATIONS}
+
+
+# -- no rival can exist (issue 27 item 3) ------------------------------------------------------------
+GPU_POLICY = "hami-scheduled-gpu-pods"
+
+
+def assert_rival_refused(code: int, body: dict, name: str, why: str, who: str = "alice") -> None:
+    assert code == 403, body
+    prefix = (f'pods "{name}" is forbidden: ValidatingAdmissionPolicy \'{GPU_POLICY}\' with binding '
+              f"'{GPU_POLICY}' denied request: rule {GPU_POLICY}: {who} may not create a pod that requests "
+              f"HAMi resources {why}")
+    assert body["message"].startswith(prefix), body["message"]
+    assert "placed by the HAMi scheduler (schedulerName hami-scheduler" in body["message"]
+
+
+def test_the_issues_rival_is_refused_and_was_admitted_without_the_policy(cluster, cluster_without_policy):
+    """A tenant pod with spec.nodeName, a foreign schedulerName and nvidia.com/gpu: 1 (no hami.io keys),
+    created while a HAMi pod on that node waits between /bind and Allocate, made that pod fail with
+    "ambiguous admission" (2 of 2 rounds). It cannot be created any more."""
+    rival = pod("rival", node="gpu-0", scheduler="my-own-scheduler")
+    code, body = cluster.call("tenant", "POST", pod_path(), rival)
+    assert_rival_refused(code, body, "rival", "with spec.nodeName gpu-0 already set")
+    assert cluster.api.get("Pod", TENANT_NS, "rival") is None
+    assert cluster_without_policy.call("tenant", "POST", pod_path(), rival)[0] == 201  # the hole
+
+
+@pytest.mark.parametrize("case", ["node set", "foreign scheduler", "default scheduler", "no scheduler name",
+                                  "gpumem request only", "init container", "bypass label"])
+def test_a_pod_requesting_hami_resources_is_created_only_for_the_hami_scheduler(cluster, case):
+    p = pod("r", scheduler="hami-scheduler")
+    why = "for scheduler default-scheduler"
+    if case == "node set":
+        p = pod("r", node="gpu-1")
+        why = "with spec.nodeName gpu-1 already set"
+    elif case == "foreign scheduler":
+        p = pod("r", scheduler="volcano")
+        why = "for scheduler volcano"
+    elif case == "default scheduler":
+        p = pod("r", scheduler="default-scheduler")
+    elif case == "no scheduler name":
+        p = pod("r", scheduler=None)
+    elif case == "gpumem request only":
+        p = pod("r", gpu=False, scheduler="other")
+        p["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpumem": "1000"}}
+        why = "for scheduler other"
+    elif case == "init container":
+        p = pod("r", gpu=False, node="gpu-0")
+        p["spec"]["initContainers"] = [{"name": "i", "image": "x",
+                                        "resources": {"limits": {"nvidia.com/gpucores": "10"}}}]
+        why = "with spec.nodeName gpu-0 already set"
+    elif case == "bypass label":  # hami.io/webhook=ignore skips the mutating webhook, never this rule
+        p = pod("r", labels={keys.WEBHOOK_IGNORE_LABEL: "ignore"}, scheduler="default-scheduler")
+    code, body = cluster.call("tenant", "POST", pod_path(), p)
+    assert_rival_refused(code, body, "r", why)
+    assert cluster.api.get("Pod", TENANT_NS, "r") is None
+
+
+def test_pods_that_are_no_rivals_are_created(cluster):
+    ok = [pod("hami-pod"),  # the HAMi scheduler places it
+          pod("cpu-pod", gpu=False, node="gpu-0"),  # asks for no HAMi resource
+          pod("cpu-pod-2", gpu=False, scheduler="volcano")]
+    mig = pod("static-mig", gpu=False, node="gpu-0")  # the kubelet picks static MIG devices: no lock involved
+    mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.48gb": "1"}}
+    for p in ok + [mig]:
+        code, body = cluster.call("tenant", "POST", pod_path(), p)
+        assert code == 201, body
+
+
+def test_the_scheduler_itself_is_exempt(cluster):
+    """The rule names the scheduler as the one identity that may create such a pod (it creates none today)."""
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"}
+    sa = {"kind": "ServiceAccount", "name": "hami-scheduler", "namespace": SA_NS}
+    cluster.api.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": "sched-pods", "namespace": TENANT_NS}, "roleRef": ref,
+                       "subjects": [sa]})
+    code, body = cluster.call("scheduler", "POST", pod_path(), pod("placed", node="gpu-0"))
+    assert code == 201, body

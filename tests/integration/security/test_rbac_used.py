@@ -230,7 +230,7 @@ def test_every_component_with_its_own_token_works_and_uses_exactly_its_grants(  
     proc.terminate()
     proc.wait(15)
 
-    docs = [o for k in ("clusterroles", "clusterrolebindings") for o in api.list(k)]
+    docs = [o for k in ("clusterroles", "clusterrolebindings", "roles", "rolebindings") for o in api.list(k)]
     identities = {SCHED_USER: cluster.tokens.lookup(cluster.token("scheduler")),
                   PLUGIN_USER: cluster.tokens.lookup(cluster.token(f"plugin-{NODE}")),
                   OPERATORS: cluster.tokens.lookup(cluster.token("operator"))}

@@ -173,7 +173,7 @@ def granted(docs: list[dict], *role_names: str, sa: str | None = None) -> set[tu
     """What the ClusterRoles ``role_names`` grant, plus bootstrap roles the documents bind to ``sa``."""
     out = set()
     for doc in docs:
-        if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] in role_names:
+        if doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"] in role_names:
             for rule in doc["rules"]:
                 out |= {(res, verb) for res in rule["resources"] for verb in rule["verbs"]}
         elif doc["kind"] == "ClusterRoleBinding" and doc["roleRef"]["name"] in BOOTSTRAP and any(
@@ -208,10 +208,10 @@ IDENTITIES = {
     "device plugin + monitor": Identity(("deviceplugin", "monitor"),
                                         ("hami-device-plugin", "hami-device-plugin-gpu-1")),
     # --extender-auth=token needs TokenReview + SubjectAccessReview: granted only when the role is asked to
-    "scheduler": Identity(("scheduler",), ("hami-scheduler",), "hami-scheduler",
-                          optional=frozenset(AUTH_DELEGATOR)),
-    "scheduler, token auth": Identity(("scheduler",), ("hami-scheduler",), "hami-scheduler",
-                                      (("hami_rbac_scheduler_token_review", True),)),
+    "scheduler": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
+                          "hami-scheduler", optional=frozenset(AUTH_DELEGATOR)),
+    "scheduler, token auth": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
+                                      "hami-scheduler", (("hami_rbac_scheduler_token_review", True),)),
     # an operator's `hami-agent doctor` (cluster, node, pod, invariants) with the read-only role
     "doctor": Identity(("doctor",), ("hami-doctor",)),
 }
@@ -244,6 +244,29 @@ def test_nothing_is_granted_that_no_code_uses(identity: str) -> None:
 
 def _role(name: str) -> dict:
     return next(d for d in DOCS if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name)
+
+
+def test_the_schedulers_lease_rights_are_its_own_lease_only() -> None:
+    """Issue 27 item 4: whoever updates the Lease names the leader followers forward to. The scheduler may
+    get and update its own Lease (a Role in its namespace, by name) and create Leases; nothing
+    cluster-wide."""
+    cluster_wide = [r for d in DOCS if d["kind"] == "ClusterRole" for r in d.get("rules", [])
+                    if "leases" in r["resources"]]
+    assert cluster_wide == []
+    name = "hami-scheduler-leader-election"
+    role = next(d for d in DOCS if d["kind"] == "Role" and d["metadata"]["name"] == name)
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["hami-scheduler"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+    binding = next(d for d in DOCS if d["kind"] == "RoleBinding" and d["metadata"]["name"] == name)
+    assert binding["metadata"]["namespace"] == "kube-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hami-scheduler",
+                                    "namespace": "kube-system"}]
+    other = _docs(hami_rbac_scheduler_lease_namespace="hami", hami_rbac_scheduler_lease_name="sched-a")
+    role = next(d for d in other if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "hami" and role["rules"][0]["resourceNames"] == ["sched-a"]
 
 
 def test_node_identity_is_limited_to_its_own_node() -> None:

@@ -40,6 +40,8 @@ def test_defaults_give_kube_schedulers_timings_and_a_verifiable_advertise_url():
 
 def test_mtls_followers_present_kube_schedulers_client_certificate():
     args = scheduler_args(hami_scheduler_extender_auth="mtls")
+    # followers forward to the verbs' own listener (the webhook's does not serve them)
+    assert args.advertise_url == "https://control-1:9444" and args.extender_bind_address == "0.0.0.0:9444"
     assert args.forward_cert_file == "/etc/kubernetes/hami-extender-client.crt"
     assert args.forward_key_file == "/etc/kubernetes/hami-extender-client.key"
     assert scheduler_cmd.build_serving(args)["auth"].mode == "mtls"
@@ -116,3 +118,20 @@ def test_argument_specs_document_every_ha_variable():
         assert var in defaults and options[var]["description"], var
     assert [options[f"hami_scheduler_leader_elect_{k}"]["default"]
             for k in ("lease_duration", "renew_deadline", "retry_period")] == [15, 10, 2]
+
+
+def test_followers_forward_to_the_plays_scheduler_hosts_only_over_https():
+    """Issue 27 item 4: --forward-peers lists every scheduler host's advertise URL (a per-host override from
+    the inventory wins); a clear-text URL is never passed (the agent would refuse it anyway)."""
+    args = scheduler_args(ansible_play_hosts_all=["control-1", "control-2", "control-3"],
+                          hostvars={"control-1": {}, "control-2": {},
+                                    "control-3": {"hami_scheduler_advertise_url": "https://sched-3.example:443"}})
+    assert args.forward_peers.split(",") == ["https://control-1:9443", "https://control-2:9443",
+                                             "https://sched-3.example:443"]
+    mtls = scheduler_args(hami_scheduler_extender_auth="mtls",
+                          ansible_play_hosts_all=["control-1", "control-2"],
+                          hostvars={"control-1": {}, "control-2": {}})
+    assert mtls.forward_peers == "https://control-1:9444,https://control-2:9444"  # the verbs' listener
+    assert scheduler_cmd._csv(args.forward_peers)
+    plain = scheduler_args(hami_scheduler_tls=False, hami_scheduler_bind_host="127.0.0.1")
+    assert plain.forward_peers == ""

@@ -38,7 +38,8 @@ def render_env() -> jinja2.Environment:
 def role_vars(*roles: str, **overrides) -> dict:
     """Role defaults (templated values resolved like Ansible does, lazily) plus ``overrides``."""
     env = render_env()
-    raw: dict = {"ansible_managed": "managed by hami.node", "inventory_hostname": "control-1"}
+    raw: dict = {"ansible_managed": "managed by hami.node", "inventory_hostname": "control-1",
+                 "ansible_play_hosts_all": ["control-1"], "hostvars": {"control-1": {}}}
     for role in roles:
         raw.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {})
     raw.update(overrides)
@@ -48,6 +49,7 @@ def role_vars(*roles: str, **overrides) -> dict:
             if isinstance(v, str) and "{{" in v:
                 try:
                     raw[k] = env.from_string(v).render(**raw).strip()
+                    done = done and "{{" not in raw[k]  # it named a default not resolved yet
                 except jinja2.UndefinedError:
                     done = False
         if done:
@@ -93,7 +95,8 @@ def test_scheduler_unit_and_kube_scheduler_config_match_the_auth_mode(mode):
     unit = render("hami_scheduler", "hami-scheduler.service.j2", v)
     settings = unit_settings(unit)
     limit = int(settings["LimitNOFILE"])
-    assert limit >= int(v["hami_scheduler_max_connections"]) + 200  # cap + API pool, listeners, runtime
+    # two caps (the verbs' listener, the webhook's) + API pool, listeners, runtime
+    assert limit >= 2 * int(v["hami_scheduler_max_connections"]) + 200
     assert settings["NoNewPrivileges"] == "yes"
     cmd = execstart(unit)
     assert f"--extender-auth {mode}" in cmd and "--max-connections 1024" in cmd
@@ -105,10 +108,12 @@ def test_scheduler_unit_and_kube_scheduler_config_match_the_auth_mode(mode):
         assert "--bind-address 0.0.0.0:9443" in cmd and "--cert-file" in cmd  # the webhook listener
         assert ext["urlPrefix"] == "http://127.0.0.1:9444" and ext["enableHTTPS"] is False
         assert "tlsConfig" not in ext
-    else:
-        assert "--extender-bind-address" not in cmd
-        assert ext["urlPrefix"] == "https://127.0.0.1:9443" and ext["enableHTTPS"] is True
+    else:  # the verbs keep a listener of their own, over TLS (issue 27 item 2)
+        assert "--extender-bind-address 0.0.0.0:9444" in cmd and "--bind-address 0.0.0.0:9443" in cmd
+        assert ext["urlPrefix"] == "https://127.0.0.1:9444" and ext["enableHTTPS"] is True
         assert ext["tlsConfig"]["caFile"] == "/etc/hami/pki/ca.crt"
+    assert "--max-connections-per-peer 128" in cmd and "--max-requests-per-peer 16" in cmd
+    assert "--allowed-sources" not in cmd
     if mode == "mtls":
         assert "--client-ca-file /etc/hami/pki/ca.crt" in cmd
         assert "--extender-allowed-cns kube-scheduler" in cmd
@@ -137,7 +142,14 @@ def test_the_rendered_scheduler_flags_parse():
         if mode == "loopback":
             assert serving["extender_bind"] == ("127.0.0.1", 9444)
         else:
+            assert serving["extender_bind"] == ("0.0.0.0", 9444)
             assert serving["auth"].allowed_cns == ("kube-scheduler",)
+        assert (serving["peers"].max_connections, serving["peers"].max_inflight) == (128, 16)
+    v = role_vars("hami_scheduler", hami_scheduler_allowed_sources=["10.0.0.0/24", "192.168.1.10"])
+    argv = execstart(render("hami_scheduler", "hami-scheduler.service.j2", v)).split()[2:]
+    args = p.parse_args(argv)
+    assert [str(n) for n in scheduler_cmd.build_serving(args)["peers"].allowed_sources] == [
+        "10.0.0.0/24", "192.168.1.10/32"]
 
 
 def test_agent_units_render_with_limits():

@@ -12,7 +12,13 @@ from hami_agent.protocol import keys
 from hami_agent.scheduler.cache import UsageCache
 from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.heal import Healer
-from hami_agent.scheduler.leadership import FORWARDED_BY, URL_ANNOTATION, LeaderGate, NotLeader
+from hami_agent.scheduler.leadership import (
+    FORWARDED_BY,
+    URL_ANNOTATION,
+    ForwardSettings,
+    LeaderGate,
+    NotLeader,
+)
 from hami_agent.scheduler.model import DeviceAmount, PodUsage
 from hami_agent.scheduler.podinfo import countable_usage, signature
 from tests.unit.scheduler.helpers import dev, gpu_pod
@@ -180,11 +186,14 @@ class FakeElector:
 
 
 class FakeForwarder:
-    def __init__(self) -> None:
+    def __init__(self, settings: ForwardSettings | None = None) -> None:
         self.calls: list[tuple[str, str, dict]] = []
+        self.settings = settings or ForwardSettings(ca_file="/etc/hami/pki/ca.crt")
+        self.names: list[str | None] = []
 
-    def post(self, url: str, verb: str, body: dict) -> dict:
+    def post(self, url: str, verb: str, body: dict, expect_name: str | None = None) -> dict:
         self.calls.append((url, verb, body))
+        self.names.append(expect_name)
         return {"Error": "", "from": "leader"}
 
 
@@ -195,6 +204,7 @@ def test_follower_forwards_once_and_never_writes():
     out = gate.forward("bind", {"PodName": "p"}, lambda e: {"Error": e})
     assert out["from"] == "leader"
     assert fwd.calls == [("https://b:9443", "bind", {"PodName": "p", FORWARDED_BY: "a"})]
+    assert fwd.names == ["b"]  # the leader's certificate must name the Lease holder
     # a request that was already forwarded is not forwarded again (no loops)
     out = gate.forward("bind", {"PodName": "p", FORWARDED_BY: "c"}, lambda e: {"Error": e})
     assert "not the leader" in out["Error"] and len(fwd.calls) == 1

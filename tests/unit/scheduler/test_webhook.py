@@ -89,6 +89,13 @@ def test_priority_env_and_core_policy():
 @pytest.mark.parametrize(("p", "message"), [
     (pod({"nvidia.com/gpu": "1"}, privileged=True), "container main is privileged"),
     (pod({"nvidia.com/gpu": "1"}, node_name="n1"), "pod has node assigned"),
+    # a rival of the pods HAMi places (issue 27 item 3)
+    (pod({"nvidia.com/gpu": "1"}, sched="other-scheduler"),
+     "pod requests HAMi resources but schedulerName is other-scheduler: set schedulerName hami-scheduler "
+     "(HAMi places pods that use its resources)"),
+    (pod({"nvidia.com/gpumem": "100"}, sched="volcano", node_name="n1"),
+     "pod requests HAMi resources but schedulerName is volcano: set schedulerName hami-scheduler "
+     "(HAMi places pods that use its resources)"),
 ])
 def test_denials(p, message):
     resp = WH.review(review(p))["response"]
@@ -108,7 +115,7 @@ def test_user_set_allocation_annotations_are_stripped():
 
 
 def test_skipped_pods():
-    for p, kw in ((pod({"nvidia.com/gpu": "1"}, sched="other-scheduler"), {}),
+    for p, kw in ((pod({"cpu": "1"}, sched="other-scheduler"), {}),
                   (pod({"nvidia.com/gpu": "1"}, labels={"hami.io/webhook": "ignore"}), {}),
                   (pod({"cpu": "1"}), {}),
                   (pod({"nvidia.com/gpu": "1"}), {"op": "UPDATE"})):

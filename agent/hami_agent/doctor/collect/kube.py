@@ -119,6 +119,42 @@ def list_cluster(client: Any) -> ClusterView:
     return view
 
 
+# ------------------------------------------------------------------------------------ admission guard
+GUARD_POLICIES = ("hami-allocation-keys", "hami-scheduled-gpu-pods")
+GUARD_WEBHOOK = "allocation-guard.hami.io"
+
+
+def collect_admission_guard(ctx: Context, facts: Facts) -> None:
+    """Is the allocation guard installed (docs/security.md "Safe as installed")? The bindings of the
+    admission policies, or, on a cluster that does not serve ValidatingAdmissionPolicy (404), the guard
+    webhook. Two lists; a refusal (403) leaves the question open."""
+    from hami_agent.k8s import NotFoundError
+
+    if ctx.client is None:
+        raise RuntimeError(ctx.kube_error or "no Kubernetes client")
+    try:
+        bindings, _ = ctx.client.list("validatingadmissionpolicybindings")
+        served = True
+    except NotFoundError:  # Kubernetes older than 1.30, or the API disabled
+        bindings, served = [], False
+    bound = sorted({(b.get("spec") or {}).get("policyName", "") for b in bindings} & set(GUARD_POLICIES))
+    configs, _ = ctx.client.list("validatingwebhookconfigurations")
+    hooks = [(c.get("metadata") or {}).get("name", "") for c in configs
+             if any(w.get("name") == GUARD_WEBHOOK and (w.get("failurePolicy") or "Fail") == "Fail"
+                    for w in c.get("webhooks") or [])]
+    missing = [p for p in GUARD_POLICIES if p not in bound]
+    facts.set("admission.vap_served", served,
+              "the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy" if served else
+              "the API server does not serve ValidatingAdmissionPolicy (404): Kubernetes older than 1.30")
+    facts.set("admission.policies_bound", bound,
+              f"ValidatingAdmissionPolicyBindings of the guard: {', '.join(bound) or 'none'}"
+              + (f" (missing: {', '.join(missing)})" if missing and served else ""))
+    facts.set("admission.guard_webhook", hooks,
+              f"guard webhook ({GUARD_WEBHOOK}, failurePolicy Fail): {', '.join(hooks) or 'not registered'}")
+    facts.set("admission.missing", [] if hooks or not missing else missing)
+    facts.set("admission.missing_names", ", ".join(missing) or "none")
+
+
 # ----------------------------------------------------------------------------------------------- pod
 def _get_pod(ctx: Context, ns: str, name: str) -> dict:
     """The pod from the cluster view (doctor cluster) or the API; ``NotFoundError`` when it is gone."""

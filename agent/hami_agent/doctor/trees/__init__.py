@@ -2,6 +2,7 @@
 
 from hami_agent.doctor.engine import Tree
 from hami_agent.doctor.trees import (
+    security,
     seed000_device_plugin,
     seed001_scheduler,
     seed002_hami_core,
@@ -14,6 +15,7 @@ TREES: tuple[Tree, ...] = (
     seed000_device_plugin.TREE,
     seed001_scheduler.TREE,
     seed002_hami_core.TREE,
+    security.TREE,
 )
 
 __all__ = ["TREES"]

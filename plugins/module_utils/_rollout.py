@@ -1,0 +1,316 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright: hami.node contributors
+"""Which GPU nodes a roll takes out of service together. PRIVATE to hami.node (the k8s_rollout module and
+benchmarks/fleet use it); pure Python, no Kubernetes client, so every decision is unit-tested.
+
+A batch is bounded by four things at once (docs/rollouts.md, "Batches"):
+
+* ``serial``: at most this many nodes (Ansible's ``serial``, a count or a percentage of the roll);
+* ``max_unavailable``: at most this many of the fleet's GPUs out of service at once, counting the GPUs of
+  every node that is already out (cordoned by anyone, or not Ready) - the GPU Operator's upgrade
+  controller counts ``maxUnavailable`` the same way (its ``upgrade_state.go`` adds nodes already
+  unavailable to those being upgraded);
+* ``max_per_domain``: at most this many nodes of one failure domain (a zone, a rack, an NVLink domain)
+  out at once, again counting the nodes of that domain that are already out;
+* PodDisruptionBudgets: a batch holds at most as many nodes with pods of one budget as that budget allows
+  disruptions right now (``status.disruptionsAllowed``). A node with several pods of one budget is still
+  one node: its drain evicts them one after another as the budget recovers (the Eviction API answers 429
+  meanwhile), which is what ``kubectl drain`` does; two such nodes in one batch would only sit cordoned,
+  waiting for each other.
+
+A node already out of service (an operator's cordon, an earlier run's parked node) costs nothing when it
+joins a batch: its GPUs are out either way. Nodes that an earlier run of ours left cordoned
+(``resume``) go first and are held back only by ``serial``: finishing them gives capacity back.
+
+``plan`` fills batches first-fit in the given order; a node that fits no batch, even alone, is
+``deferred`` with the reason. ``admit`` is the same rule at the start of a batch against the cluster as
+it is then: the members that fit go, the others wait for the roll's second pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class BoundError(ValueError):
+    """A bound that cannot be met or read; the message names the variable and the fix."""
+
+
+def resolve(value, total, name, minimum=0):
+    """``value`` as a number: an int, a digit string, or a percentage of ``total`` (rounded down, as
+    Ansible's ``serial`` and Kubernetes' ``maxUnavailable`` do). ``None``/``""``/``0`` mean no bound
+    (``None`` is returned)."""
+    if value is None or str(value).strip() in ("", "0"):
+        return None
+    text = str(value).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            return max(minimum, int(math.floor(total * pct / 100.0)))
+        number = int(text)
+        if number < 0:
+            raise ValueError
+    except ValueError:
+        raise BoundError("%s=%r is not a count or a percentage (e.g. 4 or 10%%)" % (name, value)) from None
+    return number or None
+
+
+class Node:
+    """A node the roll may take out of service."""
+
+    __slots__ = ("name", "gpus", "domain", "resume", "out", "keeps_out", "budgets")
+
+    def __init__(self, name, gpus=0, domain=None, resume=False, out=False, keeps_out=False, budgets=None):
+        self.name = name
+        self.gpus = int(gpus or 0)
+        self.domain = domain or None
+        self.resume = bool(resume)      # an earlier run of ours left it cordoned
+        self.out = bool(out)            # out of service now (cordoned by anyone, or not Ready)
+        self.keeps_out = bool(keeps_out)  # stays out after its window (an operator's cordon stays)
+        self.budgets = dict(budgets or {})  # budget key -> this node's pods that budget covers
+
+    def __repr__(self):
+        return "Node(%s)" % self.name
+
+
+class Fleet:
+    """The cluster as the roll sees it: every GPU node's GPUs, domain and whether it is out now, and each
+    budget's allowed disruptions."""
+
+    def __init__(self, nodes, allowed=None):
+        self.nodes = {n.name: n for n in nodes}   # every GPU node of the cluster, in the roll or not
+        self.allowed = dict(allowed or {})
+
+    @property
+    def total_gpus(self):
+        return sum(n.gpus for n in self.nodes.values())
+
+    def out_gpus(self, batch_names):
+        return sum(n.gpus for n in self.nodes.values() if n.out or n.name in batch_names)
+
+    def out_in_domain(self, domain, batch_names):
+        return sorted(n.name for n in self.nodes.values()
+                      if n.domain == domain and (n.out or n.name in batch_names))
+
+
+class Bounds:
+    """The limits of one roll, resolved to numbers (``None``: no limit)."""
+
+    def __init__(self, serial=1, max_unavailable=None, max_per_domain=None, canary=False):
+        self.serial = max(1, int(serial or 1))
+        self.max_unavailable = max_unavailable
+        self.max_per_domain = max_per_domain
+        self.canary = bool(canary)
+
+    @classmethod
+    def read(cls, serial, max_unavailable, max_per_domain, canary, roll_size, fleet):
+        """From the playbook's variables: counts or percentages (of the roll's nodes for ``serial``, of the
+        fleet's GPUs for ``max_unavailable``)."""
+        if str(max_per_domain or "").strip().endswith("%"):
+            raise BoundError("site_rollout_max_per_domain=%r must be a count of nodes (e.g. 1)"
+                             % max_per_domain)
+        return cls(
+            serial=resolve(serial, roll_size, "site_serial", minimum=1) or max(1, roll_size),
+            max_unavailable=resolve(max_unavailable, fleet.total_gpus, "site_rollout_max_unavailable"),
+            max_per_domain=resolve(max_per_domain, 0, "site_rollout_max_per_domain"),
+            canary=canary,
+        )
+
+    def as_dict(self):
+        return {"serial": self.serial, "max_unavailable_gpus": self.max_unavailable,
+                "max_per_domain": self.max_per_domain, "canary": self.canary}
+
+
+def why_not(batch, node, bounds, fleet, used=None):
+    """Why ``node`` cannot join ``batch`` (a list of Nodes), or None when it can. ``used``: budget key ->
+    nodes of the batch with pods of that budget (computed from ``batch`` when not given)."""
+    names = {n.name for n in batch} | {node.name}
+    if node.resume:
+        return None  # already out; finishing it gives capacity back (only serial holds it)
+    if bounds.max_unavailable is not None and not node.out:
+        out = fleet.out_gpus(names)
+        if out > bounds.max_unavailable:
+            return ("GPUs: %d of the fleet's %d would be out of service (%d already out), more than "
+                    "site_rollout_max_unavailable=%d"
+                    % (out, fleet.total_gpus, fleet.out_gpus(set()), bounds.max_unavailable))
+    if bounds.max_per_domain is not None and node.domain and not node.out:
+        members = fleet.out_in_domain(node.domain, names)
+        if len(members) > bounds.max_per_domain:
+            return ("failure domain %s: %s would be out at once, more than site_rollout_max_per_domain=%d"
+                    % (node.domain, ", ".join(members), bounds.max_per_domain))
+    if used is None:
+        used = budget_use(batch)
+    for key in sorted(node.budgets):
+        if node.budgets[key] <= 0 or key not in fleet.allowed:
+            continue
+        allowed = fleet.allowed[key]
+        if used.get(key, 0) + 1 > allowed:
+            holders = used.get(key, 0)
+            return ("PodDisruptionBudget %s allows %d disruption(s) now%s" % (
+                key, max(allowed, 0),
+                (" and %d node(s) of this batch already hold its pods" % holders) if holders else ""))
+    return None
+
+
+def budget_use(batch):
+    used = {}
+    for n in batch:
+        for key, count in n.budgets.items():
+            if count > 0:
+                used[key] = used.get(key, 0) + 1
+    return used
+
+
+def _check_feasible(nodes, bounds):
+    if bounds.max_unavailable is None:
+        return
+    biggest = max((n for n in nodes if not n.out and not n.resume), key=lambda n: n.gpus, default=None)
+    if biggest is not None and biggest.gpus > bounds.max_unavailable:
+        raise BoundError(
+            "site_rollout_max_unavailable allows %d GPU(s) out of service, but node %s alone has %d: "
+            "no batch can hold it. Raise site_rollout_max_unavailable to at least %d (or to a percentage "
+            "of the fleet's GPUs that gives that many)"
+            % (bounds.max_unavailable, biggest.name, biggest.gpus, biggest.gpus))
+
+
+class Plan:
+    def __init__(self):
+        self.batches = []     # [[node name]]
+        self.deferred = {}    # node name -> why it fits no batch now
+        self.notes = []       # per batch: {batch, nodes, gpus_out, held_back: {node: why}}
+
+    @property
+    def sizes(self):
+        return [len(b) for b in self.batches]
+
+    @property
+    def order(self):
+        return [name for batch in self.batches for name in batch]
+
+    def as_dict(self):
+        return {"batches": self.batches, "sizes": self.sizes, "order": self.order,
+                "deferred": self.deferred, "notes": self.notes}
+
+
+def plan(nodes, bounds, fleet):
+    """Batches for ``nodes`` (in the order to roll them; resume nodes are put first), first-fit under
+    ``bounds`` against ``fleet`` as it is now. A batch's nodes are assumed back in service before the next
+    batch starts (the roll waits for them); ``admit`` checks that again when the batch starts."""
+    _check_feasible(nodes, bounds)
+    pending = [n for n in nodes if n.resume] + [n for n in nodes if not n.resume]
+    result = Plan()
+    while pending:
+        cap = 1 if bounds.canary and not result.batches else bounds.serial
+        batch, held = [], {}
+        for node in pending:
+            if len(batch) >= cap:
+                break
+            why = why_not(batch, node, bounds, fleet)
+            if why is None:
+                batch.append(node)
+            else:
+                held[node.name] = why
+        if not batch:
+            result.deferred.update(held)
+            break
+        result.batches.append([n.name for n in batch])
+        names = {n.name for n in batch}
+        result.notes.append({
+            "batch": len(result.batches),
+            "nodes": [n.name for n in batch],
+            "gpus_out": fleet.out_gpus(names),
+            "held_back": {k: v for k, v in held.items()},
+        })
+        pending = [n for n in pending if n.name not in names]
+        # the roll waits for the batch's windows: its nodes are back in service for the next batch, but for
+        # those an operator had cordoned (their cordon stays)
+        fleet = Fleet([_after_window(n) if n.name in names else n for n in fleet.nodes.values()],
+                      fleet.allowed)
+    return result
+
+
+def _after_window(node):
+    return Node(node.name, node.gpus, node.domain, resume=False, out=node.keeps_out, keeps_out=node.keeps_out,
+                budgets=node.budgets)
+
+
+def admit(members, bounds, fleet):
+    """At the start of a batch, against the cluster as it is now: (go, wait) where ``go`` are the members
+    that fit together (first-fit in batch order) and ``wait`` maps the others to the reason."""
+    go, wait = [], {}
+    for node in members:
+        why = why_not(go, node, bounds, fleet)
+        if why is None:
+            go.append(node)
+        else:
+            wait[node.name] = why
+    return [n.name for n in go], wait
+
+
+# -- reading the cluster: plain dicts as the API returns them ------------------------------------------
+
+def node_out(node):
+    """Out of service: cordoned (by anyone) or not Ready."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return True
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") != "True"
+    return True
+
+
+def node_gpus(node, resource):
+    """The GPUs a node takes out of service: its capacity of ``resource`` (whole GPUs; the device plugin
+    advertises them), 0 when it has none."""
+    status = node.get("status") or {}
+    cap = status.get("capacity") or status.get("allocatable") or {}
+    try:
+        return int(str(cap.get(resource, "0")))
+    except ValueError:
+        return 0
+
+
+def _labels_match(selector, labels):
+    """A LabelSelector (matchLabels + matchExpressions) against a pod's labels. An empty selector matches
+    every pod of the namespace (policy/v1 semantics); a null one matches none."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def budgets_of(pod, pdbs):
+    """Keys (``namespace/name``) of the PodDisruptionBudgets whose selector matches ``pod``."""
+    md = pod.get("metadata") or {}
+    ns, labels = md.get("namespace"), md.get("labels") or {}
+    out = []
+    for pdb in pdbs:
+        pmd = pdb.get("metadata") or {}
+        if pmd.get("namespace") == ns and _labels_match((pdb.get("spec") or {}).get("selector"), labels):
+            out.append("%s/%s" % (ns, pmd.get("name")))
+    return out
+
+
+def allowed_disruptions(pdbs):
+    """``status.disruptionsAllowed`` of each budget; a budget whose status the disruption controller has
+    not written yet allows none (the Eviction API refuses it the same way)."""
+    out = {}
+    for pdb in pdbs:
+        md = pdb.get("metadata") or {}
+        out["%s/%s" % (md.get("namespace"), md.get("name"))] = int(
+            (pdb.get("status") or {}).get("disruptionsAllowed") or 0)
+    return out
