@@ -320,7 +320,7 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
     bounds = rollout.Bounds.read(cfg.serial, cfg.max_unavailable, per_domain, cfg.canary, len(roll), fleet)
     planned = rollout.plan(nodes, bounds, fleet)
     queue = [list(b) for b in planned.batches]
-    todo, passes, batches = set(roll), 0, []
+    todo, passes, batches = set(roll), 1, []
     violations: list[dict[str, Any]] = []
     peak = {"gpus_out": c.gpus_out, "per_domain": max(c.out_per_domain.values(), default=0),
             "budget_margin": min((c.allowed(b) for b in c.budgets), default=0)}
@@ -386,6 +386,8 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         "config": asdict(cfg), "max_unavailable_gpus": bounds.max_unavailable, "max_per_domain": per_domain,
         "planned_batches": len(planned.batches), "deferred_at_plan": len(planned.deferred),
         "batches": len(batches), "passes": passes, "rolled": len(roll) - len(todo), "left": len(todo),
+        # site.yml plans two passes per run (the second for the nodes admit held back); more take a rerun
+        "site_runs": math.ceil(passes / 2),
         "hours": c.now / 3600.0, "deferred": dict(list(deferred.items())[:5]) if todo else {},
         "violations": len(violations), "first_violations": violations[:5],
         "peak": {k: v for k, v in peak.items() if not k.startswith("_")},

@@ -229,29 +229,47 @@ def test_account_arithmetic() -> None:
 
 # ------------------------------------------------------------------------------------------- variants
 SITE = """---
-- name: Plan
+- name: Reach every GPU node
   hosts: gpu_nodes
+  gather_facts: false
+  tasks: []
+- name: Plan what would change
+  hosts: gpu_nodes
+  gather_facts: false
   tasks:
-    - name: x
-      ansible.builtin.debug:
-        msg: "{{ a | default('b') }}"
-- name: Quiet
-  hosts: site_rollout_quiet
+    - name: Plan | the node's roles
+      block:
+        - name: Plan | facts
+          ansible.builtin.setup:
+            gather_subset: ["!all", "!min", distribution]
+        - name: x
+          ansible.builtin.debug:
+            msg: "{{ a | default('b') }}"
+      rescue: []
+- name: GPU nodes, all at once
+  hosts: "{{ 'site_converge' if 'site_converge' in groups else 'all:!all' }}"
   gather_facts: false
   tasks: []
 """
 
 
-def test_site_variants_change_one_play_keyword_and_nothing_else() -> None:
+def test_site_variants_change_one_thing_and_nothing_else() -> None:
     base = yaml.safe_load(SITE)
-    sub = yaml.safe_load(bench.site_variant(SITE, "gather-subset"))
-    assert sub[0]["gather_subset"] == ["!all", "min"]
-    del sub[0]["gather_subset"]
-    assert sub == base
+    every = yaml.safe_load(bench.site_variant(SITE, "gather-all"))
+    setup = every[1]["tasks"][0]["block"][0]
+    assert setup["ansible.builtin.setup"] == {}  # Ansible's default subset: everything
+    setup["ansible.builtin.setup"] = base[1]["tasks"][0]["block"][0]["ansible.builtin.setup"]
+    assert every == base
+    cached = yaml.safe_load(bench.site_variant(SITE, "facts-cache"))
+    assert cached[1]["tasks"][0]["block"][0]["when"] == ["ansible_facts['os_family'] is not defined"]
     free = yaml.safe_load(bench.site_variant(SITE, "free-quiet"))
-    assert free[1]["strategy"] == "free" and "strategy" not in free[0]
+    assert [p.get("strategy") for p in free] == [None, None, "free"]
+    names = [t["name"] for t in bench.walk_tasks(base[1]["tasks"])]
+    assert names == ["Plan | the node's roles", "Plan | facts", "x"]
     with pytest.raises(ValueError):
         bench.site_variant(SITE, "nope")
+    with pytest.raises(ValueError):
+        bench.site_variant("---\n- name: no plan\n  hosts: all\n  tasks: []\n", "facts-cache")
 
 
 def test_variant_environments(tmp_path: Path) -> None:
