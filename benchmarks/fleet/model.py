@@ -235,16 +235,21 @@ def task_walls(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: -r["wall_s"])
 
 
-def cpu_split(doc: dict[str, Any], host_cpu_s: float | None, background_s: float) -> dict[str, float]:
+def cpu_split(
+    doc: dict[str, Any], host_cpu_s: float | None, background_s: float, nested: bool = True
+) -> dict[str, float]:
     """Controller main / workers and host CPU over the run (module docstring of this file).
 
-    The callback reads the main process's own CPU and its reaped children's; the children include the
-    modules run on the hosts (the connection's nsenter waits for them), which the containers' cgroup
-    charges to the hosts: ``workers = children - (host cgroup - agents' idle CPU)``."""
+    The callback reads the main process's own CPU and its reaped children's. With ``nested`` (the
+    fleet_nsenter connection) the children include the modules run on the hosts (nsenter waits for them),
+    which the containers' cgroup charges to the hosts: ``workers = children - (host cgroup - agents' idle
+    CPU)``. Without (``podman exec``: conmon and runc start the module, not the controller) the children are
+    the workers alone, and the hosts' cgroup also holds conmon's and runc's share of each exec."""
     end = doc.get("end", {})
     main, children = float(end.get("self_s", 0.0)), float(end.get("children_s", 0.0))
     host = max(0.0, (host_cpu_s or 0.0) - background_s)
     br = end.get("main") or {}
+    workers = max(0.0, children - host) if nested else children
     return {
         "main_s": main,
         "children_s": children,
@@ -254,8 +259,8 @@ def cpu_split(doc: dict[str, Any], host_cpu_s: float | None, background_s: float
         "main_poll_s": float(br.get("poll_s", 0.0)),
         "main_fork_s": float(br.get("fork_s", 0.0)),
         "main_get_vars_s": float(br.get("get_vars_s", 0.0)),
-        "workers_s": max(0.0, children - host),
-        "controller_s": main + max(0.0, children - host),
+        "workers_s": workers,
+        "controller_s": main + workers,
     }
 
 

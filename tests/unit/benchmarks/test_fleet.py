@@ -225,6 +225,9 @@ def test_account_arithmetic() -> None:
     cpu = model.cpu_split(ACCOUNT, host_cpu_s=22.0, background_s=2.0)
     assert cpu["host_s"] == 20.0 and cpu["workers_s"] == 10.0 and cpu["controller_s"] == 15.0
     assert (cpu["main_work_s"], cpu["main_spin_s"], cpu["main_poll_s"]) == (3.0, 1.5, 0.5)
+    # podman exec: conmon and runc start the module, so the controller's children are its workers alone
+    pod = model.cpu_split(ACCOUNT, host_cpu_s=22.0, background_s=2.0, nested=False)
+    assert pod["workers_s"] == 30.0 and pod["host_s"] == 20.0 and pod["controller_s"] == 35.0
 
 
 # ------------------------------------------------------------------------------------------- variants
