@@ -77,9 +77,11 @@ class Config:
     retry_s: float = 5.0
     seed: int = 26
     limit_s: float = 24 * 3600.0
-    stall_s: float = 3600.0              # give up when nothing could start for this long
+    stall_s: float = 900.0               # give up when nothing could start for this long
     held_back: str = "later"             # admit's held-back nodes: a "later" pass (site.yml), "next" batch
     order: str = "inventory"             # the roll's order: "inventory" (node name) or "budgets" (spread)
+    admit_wait_s: float = 0.0            # before a batch, wait up to this long for all its members to fit
+    pause_s: float = 0.0                 # site_rollout_pause: seconds between batches
 
 
 @dataclass
@@ -332,18 +334,27 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
     last_start, deferred = 0.0, {}
     while todo and c.now < cfg.limit_s and c.now - last_start < cfg.stall_s:
         if not queue:  # a later pass over what admit held back or the plan deferred
-            passes += 1
             fleet, nodes = planner_view(c, rollout, sorted(todo))
             again = rollout.plan(nodes, bounds, fleet)
             queue, deferred = [list(b) for b in again.batches], dict(again.deferred)
             if not queue:
                 step(max(cfg.retry_s, 30.0))  # nothing fits now: let replacements become Ready
                 continue
+            passes += 1
         members = [n for n in queue.pop(0) if n in todo]
         if not members:
             continue
+        if batches and cfg.pause_s > 0:
+            for _ in range(int(cfg.pause_s)):
+                step(1.0)
         fleet, view = planner_view(c, rollout, members)
         go, wait = rollout.admit(view, bounds, fleet)
+        waited = 0.0
+        while wait and waited < cfg.admit_wait_s:  # wait (bounded) for budgets to recover before admitting
+            step(cfg.retry_s)
+            waited += cfg.retry_s
+            fleet, view = planner_view(c, rollout, members)
+            go, wait = rollout.admit(view, bounds, fleet)
         if not go:
             queue.insert(0, members)
             step(cfg.retry_s)
