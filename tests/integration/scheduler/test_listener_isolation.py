@@ -41,10 +41,10 @@ try:  # (the flood test runs against the server from before issue 27 too, where 
     from hami_agent.httpserve.model import PeerLimits, parse_cidrs
 except ImportError:  # pragma: no cover
     PeerLimits = parse_cidrs = None  # type: ignore[assignment,misc]
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.server import ExtenderHTTPServer
-from hami_agent.scheduler.webhook import Webhook
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.webhook import Webhook
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.integration.scheduler.flood import probe_pod
 from tests.integration.scheduler.pki import make_pki
 from tests.unit.scheduler.helpers import FakePodClient, dev

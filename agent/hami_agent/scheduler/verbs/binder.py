@@ -39,14 +39,14 @@ from hami_agent.k8s.errors import ConflictError, KubeError, NotFoundError
 from hami_agent.k8s.nodelock import CONTENTION, NodeLockError, lock_node, owner_done, release_node_lock
 from hami_agent.protocol import ProtocolError, keys
 from hami_agent.protocol.nodelock import parse_lock_value
-from hami_agent.scheduler import events as ev
-from hami_agent.scheduler.args import BindArgs
-from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
-from hami_agent.scheduler.heal import Healer
-from hami_agent.scheduler.leadership import LeaderGate, NotLeader
-from hami_agent.scheduler.podinfo import annotations
-from hami_agent.scheduler.podstate import PodRefused, PodStates, pod_uid, refusal
-from hami_agent.scheduler.requests import RequestError, pod_request
+from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.state.decisions import DecisionLog, FilterDecision
+from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.podinfo import annotations
+from hami_agent.scheduler.state.podstate import PodRefused, PodStates, pod_uid, refusal
+from hami_agent.scheduler.verbs import events as ev
+from hami_agent.scheduler.verbs.args import BindArgs
+from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
 
 logger = logging.getLogger(__name__)
 

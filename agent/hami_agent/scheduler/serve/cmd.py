@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the leader releases node locks whose owner no longer needs them and "
                         "re-reads unconfirmed cache entries (default 60s)")
     p.add_argument("--force-overwrite-default-scheduler", default="true", choices=("true", "false"))
-    # /validate (scheduler/guard.py): the admission policies' rules where the cluster cannot run them
+    # /validate (scheduler/serve/guard.py): the admission policies' rules where the cluster cannot run them
     p.add_argument("--guard-scheduler-user", default="system:serviceaccount:kube-system:hami-scheduler",
                    help="/validate: the scheduler's ServiceAccount user, the one writer of HAMi allocation "
                         "keys")
@@ -138,7 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     from hami_agent.protocol.requests import RequestConfig
-    from hami_agent.scheduler.extender import SchedulerConfig
+    from hami_agent.scheduler.verbs.extender import SchedulerConfig
 
     nv = dra = None
     if getattr(args, "config", None):
@@ -173,8 +173,8 @@ def build_serving(args: argparse.Namespace) -> dict:
     """The ``serving`` keyword arguments of ``SchedulerApp``: authentication and serving bounds."""
     from hami_agent.httpserve import Limits
     from hami_agent.httpserve.model import PeerLimits, parse_cidrs
-    from hami_agent.scheduler.auth import AuthConfig
-    from hami_agent.scheduler.server import parse_bind
+    from hami_agent.scheduler.serve.auth import AuthConfig
+    from hami_agent.scheduler.serve.server import parse_bind
 
     if args.max_connections < 16:
         raise ValueError(f"--max-connections {args.max_connections}: want at least 16")
@@ -203,10 +203,10 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from hami_agent.scheduler.app import SchedulerApp
-    from hami_agent.scheduler.guard import AllocationGuard
-    from hami_agent.scheduler.leadership import ForwardSettings, normalize_url
-    from hami_agent.scheduler.server import parse_bind
+    from hami_agent.scheduler.serve.app import SchedulerApp
+    from hami_agent.scheduler.serve.guard import AllocationGuard
+    from hami_agent.scheduler.serve.server import parse_bind
+    from hami_agent.scheduler.verbs.leadership import ForwardSettings, normalize_url
 
     logger = logging.getLogger("hami_agent.scheduler")
     try:

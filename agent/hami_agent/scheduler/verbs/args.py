@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami_agent.protocol.names import all_subdomains, label_error, subdomain_error, uid_error
-from hami_agent.scheduler.requests import pod_shape_error
+from hami_agent.scheduler.core.requests import pod_shape_error
 
 
 class BadRequest(ValueError):

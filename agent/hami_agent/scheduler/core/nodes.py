@@ -1,4 +1,5 @@
-"""Node side of the cache: devices from the register annotation, and HAMi's handshake rules (§1.2)."""
+"""A node as the decision sees it (``NodeState``: its devices and their usage), its devices from the register
+annotation, and HAMi's handshake rules (§1.2)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,28 @@ from hami_agent.protocol import (
 from hami_agent.protocol.handshake import HANDSHAKE_TIMEOUT, KIND_REQUESTING
 from hami_agent.protocol.quantity import quantity_int
 from hami_agent.protocol.score import decode_pair_scores
-from hami_agent.scheduler.fit import NodeExtras
-from hami_agent.scheduler.model import DeviceUsage
+from hami_agent.scheduler.core.fit import NodeExtras
+from hami_agent.scheduler.core.model import DeviceUsage
+from hami_agent.scheduler.core.prefit import NodeSummary
 
 logger = logging.getLogger(__name__)
 
 DELETE = object()  # handshake patch sentinel: delete the annotation
+
+
+@dataclass
+class NodeState:
+    name: str
+    devices: list[DeviceUsage]
+    extras: NodeExtras = field(default_factory=NodeExtras)
+    mig_capacity: dict[str, int] = field(default_factory=dict)
+    mig_used: dict[str, int] = field(default_factory=dict)
+    score: float = 0.0
+    by_id: dict[str, DeviceUsage] = field(default_factory=dict)
+    summary: NodeSummary | None = None  # prefit's, computed on demand; None again after every change
+
+    def __post_init__(self) -> None:
+        self.by_id = {d.id: d for d in self.devices}
 
 
 def annotations(obj: dict) -> dict[str, str]:

@@ -25,7 +25,7 @@ class FilterDecision:
     node: str
     devices: str  # the pod device string written as vgpu-devices-to-allocate / -allocated
     vgpu_time: str
-    # write-behind (scheduler/writebehind.py): the assignment write, resolving to "" or its error; None
+    # write-behind (scheduler/verbs/writebehind.py): the assignment write, resolving to "" or its error; None
     # when it was written before /filter answered
     written: Future | None = field(default=None, compare=False)
 

@@ -33,10 +33,10 @@ from typing import Any
 from hami_agent import log
 from hami_agent.k8s.errors import KubeError, NotFoundError
 from hami_agent.k8s.ratelimit import RateLimiter
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.fit import PodContext
-from hami_agent.scheduler.model import PodRequest, PodUsage
-from hami_agent.scheduler.podinfo import is_terminated
+from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.model import PodRequest, PodUsage
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.podinfo import is_terminated
 
 logger = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from dataclasses import dataclass, field
 
 from hami_agent import log
@@ -17,8 +18,8 @@ from hami_agent.protocol import annotations as annotations_mod
 from hami_agent.protocol import reasons as R
 from hami_agent.protocol.annotations import mode_allowed, type_allowed, uuid_allowed
 from hami_agent.protocol.reasons import gen_reason
-from hami_agent.scheduler import migfit
-from hami_agent.scheduler.model import (
+from hami_agent.scheduler.core import migfit
+from hami_agent.scheduler.core.model import (
     NVIDIA,
     PCT_UNSET,
     ContainerDeviceRequest,
@@ -323,6 +324,14 @@ def fit_devices(ordered: list[DeviceUsage], req: ContainerDeviceRequest, ctx: Po
     return None
 
 
+# HAMi's computeBestCombination scores every n-combination of the candidates. A pod chooses topology-aware
+# and n itself (``hami.io/gpu-scheduler-policy`` is a pod annotation), and a MIG GPU is a candidate once per
+# instance it can still take, so an 8-GPU request on a node of MIG GPUs meets tens of candidates: C(56, 8)
+# is 1.4e9 combinations, minutes of one /filter for every node. Up to this many combinations the choice is
+# HAMi's, exactly; beyond it a greedy choice bounds the work (tests/unit/scheduler/test_fit_topology.py).
+MAX_COMBINATIONS = 20_000
+
+
 def _topology_choice(cands: list[Picked], n: int, pairs: dict[str, dict[str, int]]) -> list[Picked]:
     """topology-aware: n==1 → the worst-connected card (``computeWorstSingleCard``); n>1 → the
     best-connected n-combination (``computeBestCombination``), the first one generated when scores tie
@@ -333,6 +342,8 @@ def _topology_choice(cands: list[Picked], n: int, pairs: dict[str, dict[str, int
 
     if n == 1:
         return [min(cands, key=lambda c: sum(pair(c.uuid, o.uuid) for o in cands if o.uuid != c.uuid))]
+    if math.comb(len(cands), n) > MAX_COMBINATIONS:
+        return _greedy_combination(cands, n, pair)
     best: list[Picked] | None = None
     best_score = 0
     for combo in itertools.combinations(cands, n):
@@ -340,6 +351,19 @@ def _topology_choice(cands: list[Picked], n: int, pairs: dict[str, dict[str, int
         if best is None or s > best_score:
             best, best_score = list(combo), s
     return best if best is not None else cands[:n]
+
+
+def _greedy_combination(cands: list[Picked], n: int, pair) -> list[Picked]:  # noqa: ANN001
+    """The best-connected pair, then one card at a time the one that adds most to the set's score (the
+    first in candidate order when tied): O(len(cands)^2 * n) pair lookups instead of C(len(cands), n)."""
+    first = max(itertools.combinations(range(len(cands)), 2),
+                key=lambda ij: (pair(cands[ij[0]].uuid, cands[ij[1]].uuid), -ij[0], -ij[1]))
+    chosen = list(first)
+    while len(chosen) < n:
+        rest = [i for i in range(len(cands)) if i not in chosen]
+        add = max(rest, key=lambda i: (sum(pair(cands[i].uuid, cands[j].uuid) for j in chosen), -i))
+        chosen.append(add)
+    return [cands[i] for i in sorted(chosen)]
 
 
 def is_mig_request(req: ContainerDeviceRequest, devices: list[DeviceUsage], ctx: PodContext) -> bool:

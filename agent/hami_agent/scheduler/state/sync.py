@@ -15,9 +15,8 @@ from typing import Any
 from hami_agent import log
 from hami_agent.protocol import keys
 from hami_agent.protocol.requests import RequestConfig, RequestSettings
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.dra import without_dra_managed
-from hami_agent.scheduler.nodes import (
+from hami_agent.scheduler.core.dra import without_dra_managed
+from hami_agent.scheduler.core.nodes import (
     DELETE,
     HandshakeTracker,
     annotations,
@@ -25,7 +24,8 @@ from hami_agent.scheduler.nodes import (
     node_devices,
     node_extras,
 )
-from hami_agent.scheduler.podinfo import countable_usage, is_terminated, pod_key
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.podinfo import countable_usage, is_terminated, pod_key
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ClusterSync:
         self.pod_informer: Any = None
         self.pending_informer: Any = None
         self.on_freed: Callable[[str], None] | None = None  # node whose GPU capacity a pod stopped using
-        # every node event, for the binds waiting on a node lock (scheduler/lockwait.py)
+        # every node event, for the binds waiting on a node lock (scheduler/verbs/lockwait.py)
         self.on_node_seen: Callable[[dict], None] | None = None
         self.on_node_gone: Callable[[dict], None] | None = None
 
@@ -181,7 +181,7 @@ class ClusterSync:
                     logger.error("patch node error: %s", exc)
 
     def _alloc_zero(self, node: dict) -> bool:
-        from hami_agent.scheduler.nodes import allocatable_gpus
+        from hami_agent.scheduler.core.nodes import allocatable_gpus
 
         return allocatable_gpus(node, self.names.resource_count_name) == 0
 
@@ -208,4 +208,4 @@ class ClusterSync:
 
     def _freed(self, gone: Any) -> None:
         if gone is not None and gone.devices and self.on_freed is not None:
-            self.on_freed(gone.node)  # scheduler/requeue.py
+            self.on_freed(gone.node)  # scheduler/verbs/requeue.py

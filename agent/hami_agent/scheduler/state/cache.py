@@ -32,10 +32,11 @@ from hami_agent import log
 from hami_agent.protocol import keys
 from hami_agent.protocol import reasons as R
 from hami_agent.protocol.devices import MigPlacement
-from hami_agent.protocol.reasons import gen_reason
-from hami_agent.scheduler.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, fit_node, node_score
-from hami_agent.scheduler.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
-from hami_agent.scheduler.prefit import CapacityIndex, NodeSummary, may_fit, screen_is_exact, summarize
+from hami_agent.scheduler.core.decide import decide, evaluate
+from hami_agent.scheduler.core.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, node_score
+from hami_agent.scheduler.core.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
+from hami_agent.scheduler.core.nodes import NodeState
+from hami_agent.scheduler.core.prefit import CapacityIndex, may_fit, screen_is_exact, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -44,21 +45,6 @@ EAGER_DIRTY = 64  # up to this many dirty candidates are all re-fitted at once; 
 COMPLETE_SLICE_S = 0.001  # longest lock hold when completing a memo's counts off the request path
 COMPLETE_QUIET_S = 0.003  # ... started only this long after the last /filter decision (or after QUIET_MAX_S)
 COMPLETE_QUIET_MAX_S = 0.05
-
-
-@dataclass
-class NodeState:
-    name: str
-    devices: list[DeviceUsage]
-    extras: NodeExtras = field(default_factory=NodeExtras)
-    mig_capacity: dict[str, int] = field(default_factory=dict)
-    mig_used: dict[str, int] = field(default_factory=dict)
-    score: float = 0.0
-    by_id: dict[str, DeviceUsage] = field(default_factory=dict)
-    summary: NodeSummary | None = None  # prefit's, computed on demand; None again after every change
-
-    def __post_init__(self) -> None:
-        self.by_id = {d.id: d for d in self.devices}
 
 
 # Screened results in a memo (identity matters): not fitted, decided by prefit.
@@ -453,25 +439,15 @@ class UsageCache:
     # --------------------------------------------------------------------------------- decisions
     def evaluate(self, st: NodeState, preq: PodRequest, ctx: PodContext,
                  quota: QuotaBudget | None) -> NodeFit:
-        """Exact fit of one pod on one node (static MIG resources first, then the GPUs)."""
-        for profile, n in preq.mig:
-            free = st.mig_capacity.get(profile, 0) - st.mig_used.get(profile, 0)
-            if free < n:
-                mig_devs = sum(1 for d in st.devices if d.mode == keys.MODE_MIG) or len(st.devices)
-                return NodeFit(False, [], gen_reason({R.CARD_MIG_TOPOLOGY_INFEASIBLE: mig_devs},
-                                                          len(st.devices)),
-                               f"{R.CARD_MIG_TOPOLOGY_INFEASIBLE}, requested {n} "
-                               f"{keys.mig_resource_name(profile)} but available {max(free, 0)}")
-        if all(c is None for c in preq.containers):
-            return NodeFit(True, [[] for _ in preq.containers])
-        return fit_node(st.devices, preq, ctx, st.extras, quota)
+        """Exact fit of one pod on one node (``core.decide.evaluate``)."""
+        return evaluate(st, preq, ctx, quota)
 
     def decide(self, names: list[str], preq: PodRequest, ctx: PodContext,
                quota: QuotaBudget | None = None, event_nodes: int = 50, pod_name: str = "",
                avoid: set[str] | frozenset[str] = frozenset()) -> Decision:
         """Pick the node for a pod among ``names`` (reference §4.3 steps 2-4). Call under ``lock``
         together with :meth:`reserve` to make decide+reserve atomic. ``avoid``: nodes taken only when no
-        other candidate fits (scheduler/busy.py: a pod is being admitted there)."""
+        other candidate fits (scheduler/state/busy.py: a pod is being admitted there)."""
         self._last_decide = time.monotonic()
         with self.lock:
             names_set = self._names_set(names)
@@ -738,29 +714,18 @@ class UsageCache:
         empty, the pods this cache knows on a node are counted (a full node must not look free). Nothing
         is reserved."""
         with self.lock:
-            fits: dict[str, NodeFit] = {}
-            scores: dict[str, float] = {}
-            failed: dict[str, str] = {}
+            states: dict[str, NodeState] = {}
             for name, devices, extras, capacity in given:
                 if not devices:
-                    failed[name] = R.NODE_UNREGISTERED
                     continue
-                st = NodeState(name, [d.clone() for d in devices], extras, dict(capacity))
+                st = states[name] = NodeState(name, [d.clone() for d in devices], extras, dict(capacity))
                 for uid in self._pods_by_node.get(name, ()):
                     self._apply(st, self.pods[uid], +1)
-                scores[name] = node_score(st.devices)
-                r = self.evaluate(st, preq, ctx, None if quota is None else QuotaBudget(quota.mem_left,
-                                                                                         quota.cores_left))
-                fits[name] = r
-                if not r.ok:
-                    failed[name] = r.reason
-            ok = [n for n, r in fits.items() if r.ok]
-            if not ok:
-                return Decision(None, None, failed)
-            pick = min if ctx.node_policy == "spread" else max
-            best = pick(ok, key=lambda n: (scores[n], n))
-            order = sorted(ok, key=lambda n: (scores[n], n), reverse=ctx.node_policy != "spread")
-            return Decision(best, fits[best], {}, n_fit=len(ok), fit_nodes=order, scores=scores)
+            out = decide(states, list(states), preq, ctx, quota)
+            if out.node is None:  # every reason, in the order the nodes were given
+                return Decision(None, None, {n: out.failed.get(n, R.NODE_UNREGISTERED) for n, *_ in given})
+            return Decision(out.node, out.fit, {}, n_fit=len(out.fit_nodes), fit_nodes=out.fit_nodes,
+                            scores=out.scores)
 
 
 def mig_reservations(containers: list[list[Picked]]) -> dict[str, tuple[MigPlacement, ...]]:

@@ -28,8 +28,8 @@ from hami_agent.httpserve import HTTPError
 from hami_agent.protocol import keys
 from hami_agent.protocol.names import label_error, subdomain_error
 from hami_agent.protocol.requests import has_hami_resources, resource_int, webhook_resource_defaults
-from hami_agent.scheduler import shapes
-from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
+from hami_agent.scheduler.serve import shapes
+from hami_agent.scheduler.verbs.extender import BadRequest, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

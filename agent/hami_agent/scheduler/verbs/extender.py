@@ -29,22 +29,29 @@ from hami_agent.protocol.mig import MigAllocation, encode_mig_allocations
 from hami_agent.protocol.nodelock import DEFAULT_LOCK_EXPIRY
 from hami_agent.protocol.quantity import quantity_int
 from hami_agent.protocol.requests import RequestConfig, RequestSettings
-from hami_agent.scheduler import events as ev
-from hami_agent.scheduler.args import BadRequest, FilterArgs, field_ci, parse_bind_args, parse_filter_args
-from hami_agent.scheduler.binder import Binder, definitive
-from hami_agent.scheduler.busy import BusyNodes
-from hami_agent.scheduler.cache import UsageCache, collapse, mig_reservations
-from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
-from hami_agent.scheduler.fit import PodContext, QuotaBudget, pod_context
-from hami_agent.scheduler.heal import Healer
-from hami_agent.scheduler.leadership import LeaderGate, NotLeader
-from hami_agent.scheduler.model import Picked, PodUsage
-from hami_agent.scheduler.nodes import mig_capacity, node_devices, node_extras
-from hami_agent.scheduler.podinfo import annotations, signature
-from hami_agent.scheduler.podstate import PodRefused, PodStates
-from hami_agent.scheduler.reconcile import APPLIED, NOT_APPLIED, Reconciler
-from hami_agent.scheduler.requests import RequestError, pod_request
-from hami_agent.scheduler.writebehind import WriteBehind
+from hami_agent.scheduler.core.fit import PodContext, QuotaBudget, pod_context
+from hami_agent.scheduler.core.model import Picked, PodUsage
+from hami_agent.scheduler.core.nodes import mig_capacity, node_devices, node_extras
+from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.state.busy import BusyNodes
+from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservations
+from hami_agent.scheduler.state.decisions import DecisionLog, FilterDecision
+from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.nodelocks import NodeLocks
+from hami_agent.scheduler.state.podinfo import annotations, signature
+from hami_agent.scheduler.state.podstate import PodRefused, PodStates
+from hami_agent.scheduler.state.reconcile import APPLIED, NOT_APPLIED, Reconciler
+from hami_agent.scheduler.verbs import events as ev
+from hami_agent.scheduler.verbs.args import (
+    BadRequest,
+    FilterArgs,
+    field_ci,
+    parse_bind_args,
+    parse_filter_args,
+)
+from hami_agent.scheduler.verbs.binder import Binder, definitive
+from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
+from hami_agent.scheduler.verbs.writebehind import WriteBehind
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +78,13 @@ class SchedulerConfig:
     api_timeout_s: float = 4.0
     settle_s: float = 90.0  # after this, an unanswered write that left the pod unchanged counts as lost
     # a /bind that meets a node lock held by a pod still being allocated waits this long for its release
-    # (scheduler/lockwait.py; kube-scheduler's extender httpTimeout is 30 s); 0: fail at once, as HAMi
+    # (scheduler/verbs/lockwait.py; kube-scheduler's extender httpTimeout is 30 s); 0: fail at once, as HAMi
     bind_lock_wait_s: float = 15.0
-    # /filter prefers a fitting node where no other pod is being admitted (scheduler/busy.py); False: the
+    # /filter prefers a fitting node where no other pod is being admitted (state/busy.py); False: the
     # best node by policy alone, as HAMi (its /bind then waits for the node lock)
     avoid_busy_nodes: bool = True
     # /filter answers once its decision is reserved and writes the pod's assignment behind, in a bounded
-    # pool; /bind waits for that write (scheduler/writebehind.py). False: /filter answers after the write,
+    # pool; /bind waits for that write (verbs/writebehind.py). False: /filter answers after the write,
     # as HAMi
     write_behind: bool = True
     # webhook
@@ -128,11 +135,13 @@ class Extender:
                              healer=self.healer, decisions=self.decisions, config=self.config,
                              events=events, count=self._count)
         self.gate.on_lost(self.decisions.clear)
-        self.requeue: Any = None  # scheduler/requeue.py Requeuer: told when /filter finds no node
-        # scheduler/confirm.py GoneCheck: before a refusal, are the few pods in the way still there?
+        self.requeue: Any = None  # scheduler/verbs/requeue.py Requeuer: told when /filter finds no node
+        # scheduler/state/confirm.py GoneCheck: before a refusal, are the few pods in the way still there?
         self.gone_check: Any = None
-        # nodes with a pod between /filter and Allocate (scheduler/busy.py); fed by the node watch
-        self.busy = BusyNodes()
+        # every node's lock as the node watch shows it (state/nodelocks.py), and the nodes with a pod between
+        # /filter and Allocate (state/busy.py), which read it
+        self.node_locks = NodeLocks()
+        self.busy = BusyNodes(self.node_locks)
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
 
     # ----------------------------------------------------------------------------------- filter

@@ -21,8 +21,8 @@ import logging
 from hami_agent import log
 from hami_agent.protocol import MigPlacement, ProtocolError, decode_pod_devices, keys
 from hami_agent.protocol.mig import decode_mig_allocations
-from hami_agent.scheduler.cache import Signature, collapse
-from hami_agent.scheduler.model import PodUsage
+from hami_agent.scheduler.core.model import PodUsage
+from hami_agent.scheduler.state.cache import Signature, collapse
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def countable_usage(pod: dict, names: object = None,
     sig = signature(pod)
     if sig is None:
         return None, None
-    from hami_agent.scheduler.requests import RequestError, pod_request
+    from hami_agent.scheduler.core.requests import RequestError, pod_request
 
     try:
         preq = pod_request(pod, names)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hami_agent.httpserve import HTTPError
-from hami_agent.scheduler.args import names_known_valid
+from hami_agent.scheduler.verbs.args import names_known_valid
 
 
 def _type(v: Any) -> str:

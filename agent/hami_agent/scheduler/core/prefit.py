@@ -28,16 +28,13 @@ import bisect
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hami_agent.protocol import keys
 from hami_agent.protocol.annotations import mode_allowed, type_allowed, uuid_allowed
-from hami_agent.scheduler.fit import PodContext
-from hami_agent.scheduler.migfit import largest_free_profile
-from hami_agent.scheduler.model import NVIDIA, PCT_UNSET, DeviceUsage, PodRequest
-
-if TYPE_CHECKING:
-    from hami_agent.scheduler.cache import NodeState
+from hami_agent.scheduler.core.fit import NodeExtras, PodContext
+from hami_agent.scheduler.core.migfit import largest_free_profile
+from hami_agent.scheduler.core.model import NVIDIA, PCT_UNSET, DeviceUsage, PodRequest
 
 _NVIDIA_LOWER = NVIDIA.lower()  # fit_container keeps devices whose type contains it, any case
 _name = itemgetter(1)  # of an index entry (value, node name)
@@ -69,6 +66,17 @@ def _free_mem(d: DeviceUsage) -> int:
     return free
 
 
+class NodeView(Protocol):
+    """What the pre-checks read of a node (``core.nodes.NodeState`` is one): its devices, extras, MIG
+    capacity and use, and the summary they cache on it."""
+
+    devices: list[DeviceUsage]
+    extras: NodeExtras
+    mig_capacity: dict[str, int]
+    mig_used: dict[str, int]
+    summary: NodeSummary | None
+
+
 def summarize(devices: list[DeviceUsage]) -> NodeSummary:
     usable = [d for d in devices if d.healthy and _NVIDIA_LOWER in d.type.lower()]
     free = [d for d in usable if d.count > d.used]
@@ -92,7 +100,7 @@ def screen_is_exact(preq: PodRequest, ctx: PodContext) -> bool:
     return len(asking) <= 1 and not ctx.numa_bind and all(c.type == NVIDIA for c in asking)
 
 
-def may_fit(st: NodeState, preq: PodRequest, ctx: PodContext) -> bool:
+def may_fit(st: NodeView, preq: PodRequest, ctx: PodContext) -> bool:
     """A necessary condition of ``UsageCache.evaluate`` (False only when the pod cannot fit). Each
     container needs ``nums`` devices that pass, on the node as it is, every per-device test of
     ``fit_devices`` that does not depend on the other picks (health, cordon, type, mode, UUID lists, a
@@ -125,7 +133,7 @@ def may_fit(st: NodeState, preq: PodRequest, ctx: PodContext) -> bool:
     return _count_devices(st, preq, ctx)
 
 
-def _count_devices(st: NodeState, preq: PodRequest, ctx: PodContext) -> bool:
+def _count_devices(st: NodeView, preq: PodRequest, ctx: PodContext) -> bool:
     typed = bool(ctx.use_types or ctx.nouse_types) or ctx.vgpu_mode is not None
     by_uuid = bool(ctx.use_uuids or ctx.nouse_uuids)
     mutex = "mutex" in ctx.gpu_policy

@@ -8,14 +8,18 @@ import logging
 import threading
 from typing import Any
 
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.confirm import GoneCheck
-from hami_agent.scheduler.events import EventSink
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.gctune import settle_heap
-from hami_agent.scheduler.guard import AllocationGuard
-from hami_agent.scheduler.heal import Healer
-from hami_agent.scheduler.leadership import (
+from hami_agent.scheduler.serve.gctune import settle_heap
+from hami_agent.scheduler.serve.guard import AllocationGuard
+from hami_agent.scheduler.serve.metrics import SchedulerMetrics
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.webhook import Webhook, quota_left_fn
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.confirm import GoneCheck
+from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.sync import ClusterSync
+from hami_agent.scheduler.verbs.events import EventSink
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
+from hami_agent.scheduler.verbs.leadership import (
     URL_ANNOTATION,
     Forwarder,
     ForwardSettings,
@@ -23,12 +27,8 @@ from hami_agent.scheduler.leadership import (
     advertise_identity,
     default_advertise_url,
 )
-from hami_agent.scheduler.lockwait import NodeLockWaiter
-from hami_agent.scheduler.metrics import SchedulerMetrics
-from hami_agent.scheduler.requeue import Requeuer
-from hami_agent.scheduler.server import ExtenderHTTPServer
-from hami_agent.scheduler.sync import ClusterSync
-from hami_agent.scheduler.webhook import Webhook, quota_left_fn
+from hami_agent.scheduler.verbs.lockwait import NodeLockWaiter
+from hami_agent.scheduler.verbs.requeue import Requeuer
 
 logger = logging.getLogger(__name__)
 
@@ -72,39 +72,29 @@ class SchedulerApp:
         self.gate.relist = self.sync.relist_pods  # a new leader relists before its first decision
         self.extender = Extender(self.cache, self.config, client, self.events, self.metrics,
                                  cached_pods=self.sync.pending_pod, gate=self.gate, healer=self.healer)
-        # after a refusal, a GPU freed in the cache is announced to kube-scheduler (scheduler/requeue.py)
+        # after a refusal, a GPU freed in the cache is announced to kube-scheduler (verbs/requeue.py)
         self.requeue = Requeuer(client, self.gate.lease_valid)
         self.extender.requeue = self.requeue
         self.sync.on_freed = self.requeue.freed
-        # ... and before refusing, the few pods in the way are read back (scheduler/confirm.py)
+        # ... and before refusing, the few pods in the way are read back (scheduler/state/confirm.py)
         self.extender.gone_check = GoneCheck(self.cache, client)
-        # a /bind meeting a busy node lock waits for its release (scheduler/lockwait.py), and /filter
-        # prefers nodes without one (scheduler/busy.py): both follow the node watch
+        # a /bind meeting a busy node lock waits for its release (scheduler/verbs/lockwait.py), and /filter
+        # prefers nodes without one (scheduler/state/busy.py): both read the locks of state/nodelocks.py
         self.lock_waiter = None
-        watchers = [self.extender.busy]
         if self.config.bind_lock_wait_s > 0:
-            self.lock_waiter = NodeLockWaiter(wait_s=self.config.bind_lock_wait_s)
+            self.lock_waiter = NodeLockWaiter(self.extender.node_locks, wait_s=self.config.bind_lock_wait_s)
             self.extender.binder.waiter = self.lock_waiter
-            watchers.append(self.lock_waiter)
-
-        def node_seen(node: dict) -> None:
-            for w in watchers:
-                w.on_node(node)
-
-        def node_gone(node: dict) -> None:
-            for w in watchers:
-                w.on_node_delete(node)
 
         def watched_node(name: str) -> dict | None:
             informer = self.sync.node_informer
             return informer.get(None, name) if informer is not None else None
 
         self.extender.binder.watched_node = watched_node
-        self.sync.on_node_seen = node_seen
-        self.sync.on_node_gone = node_gone
+        self.sync.on_node_seen = self.extender.node_locks.on_node
+        self.sync.on_node_gone = self.extender.node_locks.on_node_delete
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),
                                namespace_labels=self._namespace_labels)
-        # /validate: the admission policies' rules for clusters that cannot run them (scheduler/guard.py)
+        # /validate: the admission policies' rules for clusters that cannot run them (serve/guard.py)
         self.guard = guard or AllocationGuard(scheduler_names=(self.config.scheduler_name,),
                                               names=self.config.names)
         self.server = ExtenderHTTPServer(self.extender, self.webhook, host=host, port=port,
@@ -112,7 +102,7 @@ class SchedulerApp:
                                          cert_file=cert_file, key_file=key_file,
                                          registry=self.metrics.registry, ready=self.ready,
                                          profiling_enabled=profiling, max_body=max_body, metrics=self.metrics,
-                                         # serving: extender auth, listeners, limits (scheduler/cmd.py)
+                                         # serving: extender auth, listeners, limits (scheduler/serve/cmd.py)
                                          metrics_bind=metrics_bind, **(serving or {}))
         self.advertise_url = advertise_url or default_advertise_url(host, self.server.port, bool(cert_file))
         if self.elector is not None:  # followers forward /filter and /bind to this URL while we lead

@@ -35,8 +35,8 @@ from typing import Any
 from hami_agent.protocol import keys
 from hami_agent.protocol.names import label_error, subdomain_error
 from hami_agent.protocol.requests import hami_resource_names
-from hami_agent.scheduler.args import BadRequest
-from hami_agent.scheduler.webhook import SCHEDULER_OWNED
+from hami_agent.scheduler.serve.webhook import SCHEDULER_OWNED
+from hami_agent.scheduler.verbs.args import BadRequest
 
 logger = logging.getLogger(__name__)
 

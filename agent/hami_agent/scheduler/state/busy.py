@@ -4,7 +4,7 @@ HAMi's node lock (``hami.io/mutex.lock``) is held from a pod's /bind until the d
 that pod releases it (Project-HAMi/HAMi ``pkg/util/nodelock``), so the pods bound to one node are admitted
 one at a time: a hold takes a kubelet admission (~0.3 s in the simulated cluster, more on a loaded node).
 kube-scheduler's scheduling cycle is serial and much faster, so under ``binpack`` every pod of a burst
-picks the same fullest node and its /bind waits behind the previous pod's lock (scheduler/lockwait.py):
+picks the same fullest node and its /bind waits behind the previous pod's lock (scheduler/verbs/lockwait.py):
 one pod per hold time, whatever the size of the fleet (Project-HAMi/HAMi#1367, #1577).
 
 So /filter passes the nodes that are busy now to the node choice, which takes the best node by policy
@@ -16,8 +16,9 @@ node still lands there and waits its turn). A node is busy while
 
 This is a preference, never a constraint: a wrong answer (a watch event late, a claim expired early)
 costs one /bind a wait for the lock, as before, and never changes what fits or what is allocated. State
-comes only from this extender's own decisions and the node watch. Bounded: at most ``max_claims`` claims
-(oldest dropped), each expiring after ``claim_ttl_s``.
+comes only from this extender's own decisions and the node watch (read from ``state.nodelocks``, the one
+copy of the locks). Bounded: at most ``max_claims`` claims (oldest dropped), each expiring after
+``claim_ttl_s``.
 """
 
 from __future__ import annotations
@@ -27,19 +28,19 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from hami_agent.protocol import keys
+from hami_agent.scheduler.state.nodelocks import NodeLocks
 
 
 class BusyNodes:
-    def __init__(self, claim_ttl_s: float = 5.0, max_claims: int = 4096,
+    def __init__(self, locks: NodeLocks | None = None, claim_ttl_s: float = 5.0, max_claims: int = 4096,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        self.locks = locks if locks is not None else NodeLocks()
         self.claim_ttl_s = claim_ttl_s
         self.max_claims = max_claims
         self._clock = clock
         self._lock = threading.Lock()
         self._claims: OrderedDict[str, tuple[str, float]] = OrderedDict()  # uid -> (node, expiry)
         self._claimed: dict[str, int] = {}  # node -> live claims
-        self._locked: set[str] = set()  # nodes whose lock the node watch shows held
 
     # ------------------------------------------------------------------------------ /filter, /bind
     def claim(self, node: str, uid: str) -> None:
@@ -65,24 +66,8 @@ class BusyNodes:
                 if expiry > now:
                     break
                 self._drop(uid)
-            return self._locked | self._claimed.keys()
-
-    # ------------------------------------------------------------------------------ node watch
-    def on_node(self, node: dict) -> None:
-        md = node.get("metadata") or {}
-        name = md.get("name")
-        if not name:
-            return
-        held = bool((md.get("annotations") or {}).get(keys.NODE_LOCK))
-        with self._lock:
-            if held:
-                self._locked.add(name)
-            else:
-                self._locked.discard(name)
-
-    def on_node_delete(self, node: dict) -> None:
-        with self._lock:
-            self._locked.discard((node.get("metadata") or {}).get("name"))
+            claimed = set(self._claimed)
+        return claimed | self.locks.held()
 
     # ------------------------------------------------------------------------------ machinery
     def _drop(self, uid: str) -> None:

@@ -36,10 +36,10 @@ from hami_agent.httpserve.model import PeerLimits
 from hami_agent.httpserve.ops import healthz_route, metrics_route
 from hami_agent.httpserve.server import Pool, Priority, Stats
 from hami_agent.httpserve.tls import server_context
-from hami_agent.scheduler import auth as authn
-from hami_agent.scheduler import profiling, shapes
-from hami_agent.scheduler.args import parse_prioritize_args
-from hami_agent.scheduler.extender import BadRequest
+from hami_agent.scheduler.serve import auth as authn
+from hami_agent.scheduler.serve import profiling, shapes
+from hami_agent.scheduler.verbs.args import parse_prioritize_args
+from hami_agent.scheduler.verbs.extender import BadRequest
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from hami_agent.protocol import ProtocolError
 from hami_agent.protocol.requests import container_requests, mig_requests
-from hami_agent.scheduler.model import ContainerDeviceRequest, PodRequest
+from hami_agent.scheduler.core.model import ContainerDeviceRequest, PodRequest
 
 
 class RequestError(ValueError):

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hami_agent import log
-from hami_agent.protocol import keys
+from hami_agent.scheduler.state.nodelocks import NodeLocks
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,14 @@ class _Waiter:
 
 
 class NodeLockWaiter:
-    def __init__(self, *, wait_s: float = 15.0, max_waiters: int = 4096, threads: int = 4,
+    def __init__(self, locks: NodeLocks, *, wait_s: float = 15.0, max_waiters: int = 4096, threads: int = 4,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``locks``: the node watch's locks (``state.nodelocks``): read here, and their releases wake us."""
+        self.locks = locks
         self.wait_s = wait_s
         self.max_waiters = max_waiters
         self._clock = clock
         self._cond = threading.Condition()
-        self._locks: dict[str, str | None] = {}  # node -> lock value the node watch shows
         self._queues: dict[str, deque[_Waiter]] = {}
         self._deadlines: list[_Waiter] = []
         self._seq = itertools.count()
@@ -58,6 +59,7 @@ class NodeLockWaiter:
         self._stop = False
         self._timer = threading.Thread(target=self._expire_loop, name="bind-lock-deadlines", daemon=True)
         self._timer.start()
+        locks.subscribe(self._released, self._gone)
         self.waited = 0
         self.timeouts = 0
         self.refused = 0
@@ -75,28 +77,18 @@ class NodeLockWaiter:
         self._timer.join(5)
 
     # ------------------------------------------------------------------------------ node watch
-    def on_node(self, node: dict) -> None:
-        """Node watch handler: remember the node's lock; wake the node's first waiter when it is gone."""
-        md = node.get("metadata") or {}
-        name = md.get("name")
-        if not name:
-            return
-        value = (md.get("annotations") or {}).get(keys.NODE_LOCK)
+    def _released(self, node: str) -> None:
+        """The watch shows ``node`` without a lock: wake its first waiter."""
         with self._cond:
-            self._locks[name] = value
-            if value is None:
-                self._wake_one(name)
+            self._wake_one(node)
 
-    def on_node_delete(self, node: dict) -> None:
-        name = (node.get("metadata") or {}).get("name")
+    def _gone(self, node: str) -> None:
         with self._cond:
-            self._locks.pop(name, None)
-            while name in self._queues:  # every waiter finds the node gone on its retry
-                self._wake_one(name)
+            while node in self._queues:  # every waiter finds the node gone on its retry
+                self._wake_one(node)
 
     def lock_of(self, node: str) -> str | None:
-        with self._cond:
-            return self._locks.get(node)
+        return self.locks.value(node)
 
     # ------------------------------------------------------------------------------ binds
     def wait(self, node: str, contended: str | None, resume: Callable[[bool], None]) -> bool:
@@ -113,7 +105,7 @@ class NodeLockWaiter:
             self._count += 1
             self.waited += 1
             self._cond.notify_all()
-            current = self._locks.get(node)
+            current = self.locks.value(node)  # read after parking: a release from now on wakes us anyway
             if current is None or (contended is not None and current != contended):
                 self._wake_one(node)  # released (or taken by someone else) while we were parking
         return True
@@ -121,7 +113,7 @@ class NodeLockWaiter:
     def done(self, node: str) -> None:
         """A resumed bind finished without keeping the lock (it failed): let the next waiter try."""
         with self._cond:
-            if self._locks.get(node) is None:
+            if self.locks.value(node) is None:
                 self._wake_one(node)
 
     def waiting(self, node: str | None = None) -> int:

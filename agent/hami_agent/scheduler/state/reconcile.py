@@ -27,10 +27,10 @@ import time
 from typing import Any
 
 from hami_agent.k8s.errors import KubeError, NotFoundError
-from hami_agent.scheduler.cache import Signature, UsageCache
-from hami_agent.scheduler.heal import Healer
-from hami_agent.scheduler.podinfo import countable_usage, is_terminated, signature
-from hami_agent.scheduler.podstate import pod_uid
+from hami_agent.scheduler.state.cache import Signature, UsageCache
+from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.podinfo import countable_usage, is_terminated, signature
+from hami_agent.scheduler.state.podstate import pod_uid
 
 logger = logging.getLogger(__name__)
 
