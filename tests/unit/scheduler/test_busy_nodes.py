@@ -158,3 +158,22 @@ def test_switched_off_the_best_node_by_policy_alone() -> None:
         assert _filter(ext, client, "p2") == [first]
     finally:
         ext.healer.stop()
+
+
+def test_a_new_leader_learns_the_busy_nodes_from_pending_pods_with_an_assignment() -> None:
+    from types import SimpleNamespace
+
+    from hami_agent.scheduler.serve.app import SchedulerApp
+
+    pending = [
+        {"metadata": {"uid": "u1", "annotations": {keys.VGPU_NODE: "n1"}}},  # chosen, not bound yet
+        {"metadata": {"uid": "u2", "annotations": {}}},  # never filtered
+        {"metadata": {"uid": "u3", "annotations": {keys.VGPU_NODE: "n3"}}},
+    ]
+    busy = BusyNodes()
+    fake = SimpleNamespace(sync=SimpleNamespace(pending_informer=SimpleNamespace(list=lambda: pending)),
+                           extender=SimpleNamespace(busy=busy))
+    SchedulerApp._busy_from_pending(fake)  # type: ignore[arg-type]
+    assert busy.nodes() == {"n1", "n3"}
+    busy.settle("u1")  # its /bind, on this leader, ends the claim as any other
+    assert busy.nodes() == {"n3"}

@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any
 
+from hami_agent.protocol import keys
 from hami_agent.scheduler.serve.gctune import settle_heap
 from hami_agent.scheduler.serve.guard import AllocationGuard
 from hami_agent.scheduler.serve.metrics import SchedulerMetrics
@@ -108,6 +109,8 @@ class SchedulerApp:
         if self.elector is not None:  # followers forward /filter and /bind to this URL while we lead
             self.elector.annotations[URL_ANNOTATION] = self.advertise_url
         self.gate.on_ready(lambda: self.healer.submit("audit-now", self._audit_once))
+        # the nodes the previous leader chose for pods not bound yet are busy here too (state/busy.py)
+        self.gate.on_ready(self._busy_from_pending)
         self.gate.on_refused = self._forward_refused
         self.lease_ref = (lease_namespace, lease_name)
         self.metrics_bind = metrics_bind
@@ -127,6 +130,16 @@ class SchedulerApp:
     def ready(self) -> bool:
         """Synced, and able to answer: the leader with relisted caches, or a follower that can forward."""
         return self.sync.synced() and (self.gate.wait_ready(0) or self.gate.can_forward())
+
+    def _busy_from_pending(self) -> None:
+        """A new leader's busy nodes: a pending pod of ours that carries an assignment was chosen by a leader
+        and is not bound yet: its node is busy (a claim, which expires as its own would)."""
+        informer = self.sync.pending_informer
+        for pod in informer.list() if informer is not None else []:
+            md = pod.get("metadata") or {}
+            node = (md.get("annotations") or {}).get(keys.VGPU_NODE)
+            if node and md.get("uid"):
+                self.extender.busy.claim(node, md["uid"])
 
     def _forward_refused(self, why: str, url: str, holder: str) -> None:
         """A Warning event on the Lease: the operator sees that someone named a leader URL the followers do

@@ -16,9 +16,10 @@ node still lands there and waits its turn). A node is busy while
 
 This is a preference, never a constraint: a wrong answer (a watch event late, a claim expired early)
 costs one /bind a wait for the lock, as before, and never changes what fits or what is allocated. State
-comes only from this extender's own decisions and the node watch (read from ``state.nodelocks``, the one
-copy of the locks). Bounded: at most ``max_claims`` claims (oldest dropped), each expiring after
-``claim_ttl_s``.
+comes only from this extender's own decisions, the node watch (read from ``state.nodelocks``, the one
+copy of the locks) and, when a replica becomes the leader, the pending pods that carry an assignment (the
+previous leader's claims: ``serve.app``). Bounded: at most ``max_claims`` claims (oldest dropped), each
+expiring after ``claim_ttl_s``.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from hami_agent.scheduler.core.fit import NodeExtras, NodeFit, PodContext, Quota
 from hami_agent.scheduler.core.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState
 from hami_agent.scheduler.core.prefit import CapacityIndex, may_fit, screen_is_exact, summarize
+from hami_agent.scheduler.state.nodenames import LAST_NODE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,6 @@ class UsageCache:
         # kube-scheduler sends the same node names on every /filter: the set built for the last list is
         # reused while the list is equal (no hashing of 5,000 names), and whether it covers every known
         # node while no node came or went (``_nodes_gen``)
-        self._last_names: tuple[list[str], set[str]] = ([], set())
         self._nodes_gen = 0
         self._covers: tuple[set[str] | None, int, bool] = (None, -1, False)  # (the set, _nodes_gen, covers)
 
@@ -506,19 +506,10 @@ class UsageCache:
                 self._count_quota_fits(dec, ok_of & names_set, spread, event_nodes)
             return dec
 
-    def _names_set(self, names: list[str]) -> set[str]:
-        """The set of ``names``: the last request's when the list is equal (a list comparison stops at
-        the first difference and compares each string by identity first: the body parser hands out the
-        same string objects for a repeated array). Never changed by its users: it is shared."""
-        last, last_set = self._last_names
-        if names == last:
-            return last_set
-        try:
-            names_set = set(names)
-        except TypeError as exc:
-            raise ValueError(f"node names must be strings: {exc}") from exc
-        self._last_names = (list(names), names_set)  # a copy: the caller's list may change
-        return names_set
+    def _names_set(self, names: list[str]) -> frozenset[str]:
+        """The set of ``names`` (``state.nodenames``: the last request's when the list is equal). Never
+        changed by its users: it is shared."""
+        return LAST_NODE_NAMES.as_set(names)
 
     def _names_ref(self, names: set[str]) -> set[str] | None:
         """What a pending count keeps of the request's node names: None when they cover every known node

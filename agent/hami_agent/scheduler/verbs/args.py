@@ -14,6 +14,7 @@ from typing import Any
 
 from hami_agent.protocol.names import all_subdomains, label_error, subdomain_error, uid_error
 from hami_agent.scheduler.core.requests import pod_shape_error
+from hami_agent.scheduler.state.nodenames import LAST_NODE_NAMES
 
 
 class BadRequest(ValueError):
@@ -88,25 +89,9 @@ def _bad_node_name(field: str, value: object) -> BadRequest:
     return BadRequest(f"{field}: not a node name: {subdomain_error(value)}")
 
 
-class _ValidNames:
-    """The last node-name list found valid (a copy). kube-scheduler sends the same list on every call and
-    the body parser hands out the same string objects for it, so comparing with this one (identity per
-    element, in C) is cheaper than checking every name again. Thread-safe: one reference, replaced."""
-
-    last: list[str] = []
-
-    @classmethod
-    def known(cls, names: list) -> bool:
-        return bool(names) and names == cls.last
-
-    @classmethod
-    def remember(cls, names: list[str]) -> None:
-        cls.last = list(names)
-
-
 def names_known_valid(names: list) -> bool:
-    """``names`` equal the last list of node names found valid (non-empty strings)."""
-    return _ValidNames.known(names)
+    """``names`` equal the last list of node names found valid (``state.nodenames``)."""
+    return LAST_NODE_NAMES.known_valid(names)
 
 
 def _node_names(args: dict) -> tuple[list[str], dict | None]:
@@ -114,7 +99,7 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
     if raw is not None:
         if not isinstance(raw, list):
             raise BadRequest(f"ExtenderArgs.NodeNames: must be a list of node names, got {_kind(raw)}")
-        if _ValidNames.known(raw):
+        if LAST_NODE_NAMES.known_valid(raw):
             return raw, None
         # kube-scheduler sends every node name on every call (5,000 at 5,000 nodes): check them with C
         # loops (str.join refuses any non-string; "in" finds an empty one; a third of a Python loop's
@@ -132,7 +117,7 @@ def _node_names(args: dict) -> tuple[list[str], dict | None]:
         if not all_subdomains(raw):  # one pass in C; a Python walk only to name the bad one
             i, n = next((i, n) for i, n in enumerate(raw) if subdomain_error(n))
             raise _bad_node_name(f"ExtenderArgs.NodeNames[{i}]", n)
-        _ValidNames.remember(raw)
+        LAST_NODE_NAMES.mark_valid(raw)
         return raw, None
     nodes = field_ci(args, "Nodes")
     if nodes is None:
