@@ -6,7 +6,9 @@ driver (``dra``) each serve gRPC on unix sockets the kubelet dials.
 * ``SocketServer``: one gRPC server on one unix socket, restartable, that notices when its socket file is
   gone or replaced (the kubelet wipes its plugin directories when it restarts);
 * ``RegistrationServicer``: the plugin watcher's ``Registration`` service (``GetInfo`` and
-  ``NotifyRegistrationStatus``; kubernetes ``pkg/kubelet/pluginmanager``).
+  ``NotifyRegistrationStatus``; kubernetes ``pkg/kubelet/pluginmanager``);
+* ``run_rpc``: an RPC body under the runner, its errors turned into the gRPC status the kubelet shows, its
+  duration and error code counted.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
@@ -148,4 +151,33 @@ class RegistrationServicer(reg_pb2_grpc.RegistrationServicer):
         return reg_pb2.RegistrationStatusResponse()
 
 
-__all__ = ["DeadlineExceeded", "DeadlineRunner", "RegistrationServicer", "SocketServer", "ident"]
+def run_rpc(runner: DeadlineRunner, what: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T],
+            expected: Mapping[type[BaseException], grpc.StatusCode],
+            record: Callable[[float, str], None] | None = None) -> T:
+    """``body`` under ``runner``; a deadline, an error of a type in ``expected`` (logged, answered with its
+    status) or a bug (logged with its traceback, INTERNAL) aborts the RPC, so the kubelet gets an answer
+    and the server lives on. ``record(seconds, code)`` counts every call ("OK" or the status name)."""
+    start = time.perf_counter()
+    code = "OK"
+    try:
+        return runner.run(body, what)
+    except DeadlineExceeded as exc:
+        code = "DEADLINE_EXCEEDED"
+        logger.error("%s", exc)
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+    except tuple(expected) as exc:
+        status = next(st for kind, st in expected.items() if isinstance(exc, kind))
+        code = status.name
+        logger.error("%s", exc)
+        context.abort(status, str(exc))
+    except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
+        code = "INTERNAL"
+        logger.exception("%s failed unexpectedly", what)
+        context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
+    finally:
+        if record is not None:
+            record(time.perf_counter() - start, code)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+__all__ = ["DeadlineExceeded", "DeadlineRunner", "RegistrationServicer", "SocketServer", "ident", "run_rpc"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,7 +28,7 @@ from hami_agent.deviceplugin.budget import RpcBudget
 from hami_agent.deviceplugin.devices import ResourcePlan
 from hami_agent.deviceplugin.metrics import PluginMetrics
 from hami_agent.deviceplugin.settings import API_VERSION, HEALTHY, UNHEALTHY, PluginSettings
-from hami_agent.kubeletplugin import DeadlineExceeded, DeadlineRunner, RegistrationServicer, SocketServer
+from hami_agent.kubeletplugin import DeadlineRunner, RegistrationServicer, SocketServer, run_rpc
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,29 +106,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return self.state.current()[0].resource_name
 
     def _timed(self, method: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T]) -> T:
-        start = time.perf_counter()
-        code = "OK"
-        try:
-            return self.runner.run(body, f"{method} for '{self.resource}'")
-        except DeadlineExceeded as exc:
-            code = "DEADLINE_EXCEEDED"
-            logger.error("%s", exc)
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except AllocationError as exc:
-            # UNKNOWN is what a Go plugin's plain error becomes, so the kubelet's event text matches HAMi's:
-            # "Allocate failed due to rpc error: code = Unknown desc = device number not matched ..."
-            code = "UNKNOWN"
-            logger.error("%s", exc)
-            context.abort(grpc.StatusCode.UNKNOWN, str(exc))
-        except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
-            code = "INTERNAL"
-            logger.exception("%s for '%s' failed unexpectedly", method, self.resource)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}")
-        finally:
-            self.metrics.rpc_duration.labels(method, self.resource).observe(time.perf_counter() - start)
+        # UNKNOWN is what a Go plugin's plain error becomes, so the kubelet's event text matches HAMi's:
+        # "Allocate failed due to rpc error: code = Unknown desc = device number not matched ..."
+        def record(seconds: float, code: str) -> None:
+            self.metrics.rpc_duration.labels(method, self.resource).observe(seconds)
             if code != "OK":
                 self.metrics.rpc_errors.labels(method, self.resource, code).inc()
-        raise AssertionError("unreachable")  # context.abort raises
+
+        return run_rpc(self.runner, f"{method} for '{self.resource}'", context, body,
+                       {AllocationError: grpc.StatusCode.UNKNOWN}, record)
 
     def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
         return OPTIONS

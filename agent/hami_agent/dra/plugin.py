@@ -37,7 +37,7 @@ from hami_agent.dra.api import (
 from hami_agent.dra.claims import ClaimRef
 from hami_agent.dra.devices import DraDevice
 from hami_agent.dra.prepare import ClaimResult, PrepareBusy, Preparer
-from hami_agent.kubeletplugin import DeadlineExceeded, DeadlineRunner, RegistrationServicer, SocketServer
+from hami_agent.kubeletplugin import DeadlineRunner, RegistrationServicer, SocketServer, run_rpc
 
 logger = logging.getLogger(__name__)
 
@@ -91,28 +91,14 @@ class _DraServicer:
         self.driver = driver
 
     def _run(self, method: str, context: grpc.ServicerContext, body: Callable) -> Any:
-        start = time.perf_counter()
-        code = "OK"
-        try:
-            return self.runner.run(body, f"{method} of driver {self.driver}")
-        except DeadlineExceeded as exc:
-            code = "DEADLINE_EXCEEDED"
-            logger.error("%s", exc)
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except PrepareBusy as exc:
-            code = "UNAVAILABLE"
-            logger.error("%s", exc)
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
-            code = "INTERNAL"
-            logger.exception("%s failed unexpectedly", method)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}")
-        finally:
+        def record(seconds: float, code: str) -> None:
             if self.metrics is not None:
-                self.metrics.rpc_duration.labels(method).observe(time.perf_counter() - start)
+                self.metrics.rpc_duration.labels(method).observe(seconds)
                 if code != "OK":
                     self.metrics.rpc_errors.labels(method, code).inc()
-        raise AssertionError("unreachable")  # context.abort raises
+
+        return run_rpc(self.runner, f"{method} of driver {self.driver}", context, body,
+                       {PrepareBusy: grpc.StatusCode.UNAVAILABLE}, record)
 
     def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC method name
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]

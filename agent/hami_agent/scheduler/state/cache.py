@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: nodes, pods, assumptions, rank and memo change under one lock.
 """The usage cache: nodes (devices from the register annotation) and pods (allocations from pod
 annotations, keyed by UID), with each node's usage kept applied incrementally.
 
