@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the sandbox's one lifecycle (up, agents' placement, down), shared state.
 """Bring the sandbox up and down.
 
 ``up``: build what is missing (gpusim, the node image, the dummy apt repo), start the SIMULATED API

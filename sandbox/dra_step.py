@@ -15,7 +15,7 @@ to DRA (``dra.devices: {index: [0]}``, as hami_agent_mode ``both`` would), so sh
 5. the first pod goes: its claim is unprepared (CDI spec removed) and the third lands.
 
 Every step is a check; the result says which passed. Everything it created is deleted at the end.
-The lead wires it into ``sandbox/demo.py`` (``from sandbox import dra_step``).
+Demo step f (``sandbox/demo/step_f.py``) runs it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "devices": ("hami_agent.nvml.cmd", "print the GPU inventory seen through NVML"),
     "device-plugin": ("hami_agent.deviceplugin.cmd", "run the kubelet device plugin"),
     "dra": ("hami_agent.dra.cmd", "run the DRA driver (ResourceSlices, kubelet DRA plugin, CDI)"),
-    "scheduler": ("hami_agent.scheduler.cmd", "run the scheduler extender and admission webhook"),
+    "scheduler": ("hami_agent.scheduler.serve.cmd", "run the scheduler extender and admission webhook"),
     "monitor": ("hami_agent.monitor.cmd", "export per-container vGPU metrics from shared regions"),
     "shrreg": ("hami_agent.shrreg.cmd", "inspect and repair HAMi-core shared regions"),
     "doctor": ("hami_agent.doctor.cmd", "diagnose HAMi problems and print the fix"),

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: HAMi's whole device-config schema and its validation, one model.
 """One typed configuration model for the agent.
 
 Accepts what HAMi deployments already have, so an existing ConfigMap can be mounted unchanged

@@ -194,8 +194,8 @@ class Churn:
     def __init__(self, fleet: Fleet) -> None:
         from hami_agent.k8s.client import KubeClient
         from hami_agent.k8s.informer import Informer
-        from hami_agent.scheduler.app import SchedulerApp
-        from hami_agent.scheduler.extender import SchedulerConfig
+        from hami_agent.scheduler.serve.app import SchedulerApp
+        from hami_agent.scheduler.verbs.extender import SchedulerConfig
         from tests.sim.kube_scheduler import KubeSchedulerSim
 
         self.fleet = fleet

@@ -30,7 +30,7 @@ from benchmarks.chaos.kubelet import GPU, ChaosKubelet, RpcLog
 from benchmarks.chaos.procs import RUN_ENV, STOP_TIMEOUT_S, AgentProcess, ProcScanner, kill_run
 from hami_agent.k8s.client import KubeClient
 from hami_agent.protocol import keys
-from hami_agent.scheduler.leadership import URL_ANNOTATION
+from hami_agent.scheduler.verbs.leadership import URL_ANNOTATION
 from tests.gpusim import gpusim_state as gs
 from tests.gpusim.fixtures import BIN_DIR, build_lib
 from tests.integration.scheduler.pki import make_pki

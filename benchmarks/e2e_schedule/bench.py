@@ -11,7 +11,7 @@ Two cases, each run with the extender and again with it switched off (kube-sched
   create to the last ``Running``; goal >= 50 % of the extender-off run. Run a third time with the
   extender's node policy ``spread``, and a fourth with ``--strict-node-order`` (HAMi's node choice: binpack
   sends consecutive pods to the same node even while one is admitted there, and its node lock then
-  serializes their bindings; by default the extender prefers another node that fits, scheduler/busy.py).
+  serializes their bindings; by default the extender prefers another node that fits, scheduler/state/busy.py).
 
 The node-lock hold time is measured from the lock's appearance on the Node (the extender's /bind) to its
 removal (the device plugin's Allocate released it), as seen by a watch on the nodes; the extender-off run
@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from benchmarks.e2e_schedule.cluster import SimCluster
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.sim import kube_scheduler as ks
 
 SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table

@@ -41,8 +41,8 @@ from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.k8s.client import KubeClient
 from hami_agent.k8s.informer import Informer
 from hami_agent.protocol import keys
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kubelet import SimulatedKubelet
 from tests.sim.ports import free_port

@@ -34,12 +34,12 @@ import time
 
 from benchmarks.packing.exact import pod_fits_node
 from hami_agent.protocol import keys
-from hami_agent.scheduler.busy import BusyNodes
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.fit import pod_context
-from hami_agent.scheduler.model import DeviceUsage
-from hami_agent.scheduler.requests import pod_request
+from hami_agent.scheduler.core.fit import pod_context
+from hami_agent.scheduler.core.model import DeviceUsage
+from hami_agent.scheduler.core.requests import pod_request
+from hami_agent.scheduler.state.busy import BusyNodes
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.unit.scheduler.helpers import a100_mig_profiles
 
 GPUS_PER_NODE = 8

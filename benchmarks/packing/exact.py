@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import pulp
 
-from hami_agent.scheduler import migfit
-from hami_agent.scheduler.model import DeviceUsage, PodRequest
+from hami_agent.scheduler.core import migfit
+from hami_agent.scheduler.core.model import DeviceUsage, PodRequest
 
 
 def _solve(problem: pulp.LpProblem) -> bool:

@@ -1,7 +1,7 @@
 """A refused pod runs as soon as its GPU frees (issue 18 item 7; Project-HAMi/HAMi#1368, #1875).
 
 Setup: the SIMULATED API server, the real extender (``SchedulerApp``: informers, /filter, /bind, the
-freed-capacity announcement of ``scheduler/requeue.py``) in this process, and the kube-scheduler
+freed-capacity announcement of ``scheduler/verbs/requeue.py``) in this process, and the kube-scheduler
 simulator with its faithful queue (unschedulable pods wait for a cluster event or the 5-minute flush;
 backoff 1 s doubling, as kube-scheduler's defaults, capped at 8 s). One node with one GPU (split 1): pod
 ``first`` holds it, pod ``second`` is refused and parked; then ``first`` is deleted.
@@ -12,7 +12,7 @@ Three variants, ``--trials`` each:
   deletion first.
 * ``raced``: the extender's informer lags 0.5 s behind kube-scheduler's (the race of HAMi#1368: the pod is
   retried on the deletion while the extender's cache still counts the GPU); /filter reads the pod in the
-  way back before refusing (``scheduler/confirm.py``).
+  way back before refusing (``scheduler/state/confirm.py``).
 * ``raced-no-readback``: the same race with the read-back off (the control: the extender as it was
   before, where the refused pod waits out kube-scheduler's backoff after the announcement).
 
@@ -76,7 +76,7 @@ def trial(lag_s: float, confirm: bool = True) -> dict[str, Any]:
                     freed.append(time.monotonic())
                 return out
 
-            def forgot(uid: str, expect: Any) -> Any:  # /filter read the pod back (scheduler/confirm.py)
+            def forgot(uid: str, expect: Any) -> Any:  # /filter read the pod back (state/confirm.py)
                 out = real_forget(uid, expect)
                 if out is not None:
                     freed.append(time.monotonic())

@@ -29,10 +29,10 @@ import threading
 import time
 
 from benchmarks.scheduler.trace import GPUS_PER_NODE
-from hami_agent.scheduler.busy import BusyNodes
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.gctune import settle_heap
-from hami_agent.scheduler.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.gctune import settle_heap
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.state.busy import BusyNodes
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 
 
 def bare_filter(args: dict) -> dict:
@@ -104,8 +104,8 @@ def bench_size(n_nodes: int, requests: list, seed: int = 1) -> dict:
     """The trace against a fleet of ``n_nodes``; each request is cold when its shape (request, context)
     had no fit memo yet."""
     from benchmarks.scheduler.trace import build_fleet
-    from hami_agent.scheduler.cache import UsageCache
-    from hami_agent.scheduler.events import EventSink
+    from hami_agent.scheduler.state.cache import UsageCache
+    from hami_agent.scheduler.verbs.events import EventSink
 
     t0 = time.perf_counter()
     cache = build_fleet(n_nodes, seed)

@@ -15,9 +15,9 @@ import random
 from dataclasses import dataclass
 
 from hami_agent.protocol import MigPlacement, MigProfile, keys
-from hami_agent.scheduler.cache import UsageCache, collapse
-from hami_agent.scheduler.model import DeviceUsage, Picked, PodUsage
-from hami_agent.scheduler.nodes import mig_capacity
+from hami_agent.scheduler.core.model import DeviceUsage, Picked, PodUsage
+from hami_agent.scheduler.core.nodes import mig_capacity
+from hami_agent.scheduler.state.cache import UsageCache, collapse
 
 GPUS_PER_NODE = 8
 A100, H100 = "NVIDIA-NVIDIA A100-SXM4-80GB", "NVIDIA-NVIDIA H100 80GB HBM3"

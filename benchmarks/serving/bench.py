@@ -60,7 +60,7 @@ async def _asgi(scope, receive, send):  # uvicorn, hypercorn
 def serve(name: str, port: int, cert: str | None, key: str | None) -> None:  # noqa: PLR0915 - one branch a server
     """Run server ``name`` on 127.0.0.1:``port`` (TLS when ``cert``) until killed."""
     if name == "httpserve":
-        from hami_agent.scheduler.server import ExtenderHTTPServer
+        from hami_agent.scheduler.serve.server import ExtenderHTTPServer
 
         ExtenderHTTPServer(routes={"/filter": lambda args: {"ok": True}}, host="127.0.0.1", port=port,
                            cert_file=cert, key_file=key).start()

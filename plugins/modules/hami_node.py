@@ -55,18 +55,8 @@ options:
       - This matches the scheduler's C(--node-lock-timeout).
     type: int
     default: 300
-  kubeconfig:
-    description:
-      - Path of a kubeconfig file. When not set, the module uses E(KUBECONFIG), then C(~/.kube/config),
-        then the in-cluster service account.
-    type: path
-  context:
-    description: kubeconfig context to use.
-    type: str
-  api_timeout:
-    description: Seconds each API request may take.
-    type: float
-    default: 10
+extends_documentation_fragment:
+  - hami.node.k8s
 attributes:
   check_mode:
     description: Decides and reports the change, but sends no patch.

@@ -104,18 +104,8 @@ options:
     description: With V(park), what the gate saw.
     type: str
     default: ""
-  kubeconfig:
-    description:
-      - Path of a kubeconfig file. When not set, the module uses E(KUBECONFIG), then C(~/.kube/config),
-        then the in-cluster service account.
-    type: path
-  context:
-    description: kubeconfig context to use.
-    type: str
-  api_timeout:
-    description: Seconds each API request may take.
-    type: float
-    default: 10
+extends_documentation_fragment:
+  - hami.node.k8s
 attributes:
   check_mode:
     description: Classifies the pods, reports the cordon and the evictions it would make, and writes nothing.

@@ -85,16 +85,8 @@ options:
     description: With V(admit), seconds to wait for at least one member to fit before answering.
     type: int
     default: 0
-  kubeconfig:
-    description: Path of a kubeconfig file; else E(KUBECONFIG), C(~/.kube/config), then in-cluster.
-    type: path
-  context:
-    description: kubeconfig context to use.
-    type: str
-  api_timeout:
-    description: Seconds each API request may take.
-    type: float
-    default: 10
+extends_documentation_fragment:
+  - hami.node.k8s
 attributes:
   check_mode:
     description: The module only reads.

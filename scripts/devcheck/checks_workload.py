@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: three checks around one CUDA workload and one HAMi-core build.
 """Workload checks: the monitor while a CUDA workload runs, and the real HAMi-core (build, limits, region).
 
 Real mode: a PyTorch matmul loop (``torch_probe.py``) for the monitor; ``scripts/build-hami-core.sh`` and

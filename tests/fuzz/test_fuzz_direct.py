@@ -16,10 +16,10 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import BadRequest, Extender, SchedulerConfig
-from hami_agent.scheduler.server import prioritize
-from hami_agent.scheduler.webhook import Webhook
+from hami_agent.scheduler.serve.server import prioritize
+from hami_agent.scheduler.serve.webhook import Webhook
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import BadRequest, Extender, SchedulerConfig
 from tests.fuzz.strategies import json_value, mutate, mutated
 
 pytestmark = pytest.mark.unit

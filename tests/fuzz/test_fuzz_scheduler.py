@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from hami_agent.k8s.client import KubeClient
 from hami_agent.protocol.names import label_error, subdomain_error, uid_error
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.fuzz.strategies import bad_name, json_value, mutated, non_utf8, quantity_text
 from tests.integration.scheduler.cluster import gpu_node, gpu_pod
 from tests.sim.apiserver import ApiServer
@@ -46,7 +46,7 @@ REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                       "operation": "CREATE", "namespace": "default", "userInfo": {"username": "alice"},
                       "object": POD}}
-# the allocation guard (/validate, scheduler/guard.py): an UPDATE of a scheduled pod by its owner
+# the allocation guard (/validate, scheduler/serve/guard.py): an UPDATE of a scheduled pod by its owner
 SCHEDULED = json.loads(json.dumps(POD))
 SCHEDULED["spec"]["nodeName"] = "gpu-0"
 SCHEDULED["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] = "GPU-a,NVIDIA,1000,10:;"

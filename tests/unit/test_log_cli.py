@@ -84,4 +84,4 @@ def test_parser_for_one_subcommand_still_lists_every_subcommand(capsys):
     assert all(name in listed for name in cli.SUBCOMMANDS)
     # a command line without a (known) subcommand gets the full parser
     full = cli.build_parser(["--help"])
-    assert full.parse_args(["scheduler"]).run.__module__ == "hami_agent.scheduler.cmd"
+    assert full.parse_args(["scheduler"]).run.__module__ == "hami_agent.scheduler.serve.cmd"

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: Allocate's checks (lock, pod, devices, over-commit) are one chain.
 """GetPreferredAllocation and Allocate (HAMi semantics, reference: HAMi ``pkg/device-plugin/nvidiadevice``
 ``plugin.go`` Allocate / GetPreferredAllocation), with three rules HAMi does not have:
 

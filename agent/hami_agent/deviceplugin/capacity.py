@@ -8,7 +8,7 @@ pod's ``hami.io/vgpu-devices-allocated`` to what the other allocated pods on thi
 the sum with the node's registered capacity (``hami.io/node-nvidia-register``, what the scheduler
 allocates against): memory, cores, slots, and the scheduler's exclusivity rules.
 
-Usage is counted with the scheduler's rule (``hami_agent.scheduler.podinfo`` and ``cache.collapse``,
+Usage is counted with the scheduler's rule (``hami_agent.scheduler.state.podinfo`` and ``cache.collapse``,
 which this package may not import; they follow HAMi's scheduler): per GPU, max(init containers, sum of
 app containers); init containers stop counting once all of them exited 0.
 """

@@ -28,8 +28,9 @@ from hami_agent.deviceplugin.health import HealthTracker
 from hami_agent.deviceplugin.kubelet_registration import RegistrationError, register_with_retry
 from hami_agent.deviceplugin.metrics import PluginMetrics
 from hami_agent.deviceplugin.podsource import PodSource
-from hami_agent.deviceplugin.server import DeadlineRunner, DeviceState, PluginServer
+from hami_agent.deviceplugin.server import DeviceState, PluginServer
 from hami_agent.deviceplugin.settings import PluginSettings
+from hami_agent.kubeletplugin import DeadlineRunner
 from hami_agent.miglock import MigApplyLock
 from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 

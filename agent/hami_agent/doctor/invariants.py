@@ -42,7 +42,7 @@ from typing import Any
 
 from hami_agent.protocol import ProtocolError, decode_node_devices, decode_pod_devices, keys
 from hami_agent.protocol.nodelock import DEFAULT_LOCK_EXPIRY, parse_lock_value
-from hami_agent.scheduler.podinfo import init_done
+from hami_agent.scheduler.state.podinfo import init_done
 
 TERMINATED = ("Succeeded", "Failed")
 EXCLUSIVE_CORES = 100

@@ -25,7 +25,6 @@ from typing import Any
 from hami_agent import known_bad_drivers
 from hami_agent.deviceplugin.devices import PluginDevice, ResourcePlan
 from hami_agent.deviceplugin.health import HealthTracker
-from hami_agent.deviceplugin.server import DeadlineRunner
 from hami_agent.dra.checkpoint import Checkpoint
 from hami_agent.dra.claims import ClaimRef, ClaimSource
 from hami_agent.dra.devices import DraDevice, build_devices, degrade
@@ -33,6 +32,7 @@ from hami_agent.dra.metrics import DraMetrics
 from hami_agent.dra.plugin import HealthBoard, KubeletPlugin
 from hami_agent.dra.prepare import Preparer
 from hami_agent.dra.settings import DraSettings
+from hami_agent.kubeletplugin import DeadlineRunner
 from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,7 @@ the budget passed down makes sure nothing commits after that answer (``prepare.p
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,9 +23,7 @@ from typing import Any
 import grpc
 
 from hami_agent import log
-from hami_agent.deviceplugin.api import pluginregistration_pb2 as reg_pb2
 from hami_agent.deviceplugin.api import pluginregistration_pb2_grpc as reg_pb2_grpc
-from hami_agent.deviceplugin.server import DeadlineExceeded, DeadlineRunner
 from hami_agent.dra.api import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -41,6 +37,7 @@ from hami_agent.dra.api import (
 from hami_agent.dra.claims import ClaimRef
 from hami_agent.dra.devices import DraDevice
 from hami_agent.dra.prepare import ClaimResult, PrepareBusy, Preparer
+from hami_agent.kubeletplugin import DeadlineRunner, RegistrationServicer, SocketServer, run_rpc
 
 logger = logging.getLogger(__name__)
 
@@ -94,28 +91,14 @@ class _DraServicer:
         self.driver = driver
 
     def _run(self, method: str, context: grpc.ServicerContext, body: Callable) -> Any:
-        start = time.perf_counter()
-        code = "OK"
-        try:
-            return self.runner.run(body, f"{method} of driver {self.driver}")
-        except DeadlineExceeded as exc:
-            code = "DEADLINE_EXCEEDED"
-            logger.error("%s", exc)
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except PrepareBusy as exc:
-            code = "UNAVAILABLE"
-            logger.error("%s", exc)
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
-            code = "INTERNAL"
-            logger.exception("%s failed unexpectedly", method)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}")
-        finally:
+        def record(seconds: float, code: str) -> None:
             if self.metrics is not None:
-                self.metrics.rpc_duration.labels(method).observe(time.perf_counter() - start)
+                self.metrics.rpc_duration.labels(method).observe(seconds)
                 if code != "OK":
                     self.metrics.rpc_errors.labels(method, code).inc()
-        raise AssertionError("unreachable")  # context.abort raises
+
+        return run_rpc(self.runner, f"{method} of driver {self.driver}", context, body,
+                       {PrepareBusy: grpc.StatusCode.UNAVAILABLE}, record, log=logger)
 
     def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC method name
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
@@ -206,74 +189,6 @@ class HealthV1alpha1Servicer(_HealthServicer, health_v1alpha1_pb2_grpc.DRAResour
     pass
 
 
-class RegistrationServicer(reg_pb2_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None]) -> None:
-        self.driver = driver
-        self.endpoint = endpoint
-        self.on_status = on_status
-
-    def GetInfo(self, request, context):  # noqa: N802
-        return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
-                                  supported_versions=list(SUPPORTED_SERVICES))
-
-    def NotifyRegistrationStatus(self, request, context):  # noqa: N802
-        self.on_status(request.plugin_registered, request.error)
-        return reg_pb2.RegistrationStatusResponse()
-
-
-def _ident(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
-
-
-class _SocketServer:
-    """One gRPC server on one unix socket, restartable, that notices when its socket file is gone."""
-
-    def __init__(self, path: str, add: Callable[[grpc.Server], None], workers: int, name: str) -> None:
-        self.path = path
-        self.add = add
-        self.workers = workers
-        self.name = name
-        self._server: grpc.Server | None = None
-        self._executor: cf.ThreadPoolExecutor | None = None
-        self._inode: tuple[int, int] | None = None
-
-    def start(self) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        if os.path.lexists(self.path):
-            os.unlink(self.path)  # stale socket of an earlier run
-        self._executor = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.name)
-        server = grpc.server(self._executor)
-        self.add(server)
-        server.add_insecure_port(f"unix://{self.path}")
-        server.start()
-        self._server = server
-        self._inode = _ident(self.path)
-        if self._inode is None:
-            self.stop()
-            raise OSError(f"{self.name}: gRPC server did not create its socket {self.path}")
-
-    def socket_ok(self) -> bool:
-        return self._server is not None and self._inode is not None and _ident(self.path) == self._inode
-
-    def stop(self, grace: float = 0.5) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop(grace).wait(grace + 1.0)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
-        if self._inode is not None and _ident(self.path) == self._inode:  # never a newer instance's
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
-        self._inode = None
-
-
 class KubeletPlugin:
     """The plugin socket (DRA + health services) and the registration socket of one driver."""
 
@@ -298,11 +213,12 @@ class KubeletPlugin:
 
         def add_registration(server: grpc.Server) -> None:
             reg_pb2_grpc.add_RegistrationServicer_to_server(
-                RegistrationServicer(s.driver_name, s.kubelet_plugin_socket, self._on_status), server)
+                RegistrationServicer(PLUGIN_TYPE, s.driver_name, s.kubelet_plugin_socket, SUPPORTED_SERVICES,
+                                     self._on_status), server)
 
         # health streams hold one thread each for their lifetime: room for a few kubelets' streams
-        self.plugin = _SocketServer(s.plugin_socket, add_plugin, s.rpc_workers + 4, "dra-plugin")
-        self.registration = _SocketServer(s.registration_socket, add_registration, 2, "dra-registration")
+        self.plugin = SocketServer(s.plugin_socket, add_plugin, s.rpc_workers + 4, "dra-plugin")
+        self.registration = SocketServer(s.registration_socket, add_registration, 2, "dra-registration")
 
     def _on_status(self, ok: bool, error: str) -> None:
         if ok:

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one event loop's connections, limits and worker hand-off.
 """The HTTP/1.1 server every listener of the agent uses (extender, webhook, metrics, health).
 
 Why this and not a framework: uvicorn, hypercorn, cheroot, aiohttp and the stdlib server were each run

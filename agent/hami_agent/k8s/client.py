@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the only code that talks to the API (auth, retries, every verb).
 """``KubeClient``: the only code that talks to the Kubernetes API.
 
 Built on the official ``kubernetes`` client for what it is good at (kubeconfig / in-cluster loading,

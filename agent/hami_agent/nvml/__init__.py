@@ -3,14 +3,13 @@
 Import-light on purpose (no pynvml here): pynvml is only imported inside the worker process.
 """
 
-from hami_agent.nvml.client import NvmlClient
+from hami_agent.nvml.client import NvmlClient, collect_inventory, collect_usage
 from hami_agent.nvml.errors import NvmlError, NvmlStuckUnkillable, NvmlTimeout
 from hami_agent.nvml.health import DEFAULT_IGNORED_XIDS, XidPolicy
-from hami_agent.nvml.inventory import collect_inventory
 from hami_agent.nvml.model import Gpu, MigDevice, Snapshot, device_type, mig_profile_name
 from hami_agent.nvml.reaper import WorkerReaper, default_reaper
 from hami_agent.nvml.supervisor import NvmlSupervisor
-from hami_agent.nvml.usage import GpuUsage, ProcessUsage, Usage, collect_usage
+from hami_agent.nvml.usage import GpuUsage, ProcessUsage, Usage
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",

@@ -79,8 +79,8 @@ def _cuda(v: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hami_agent.nvml.client import collect_inventory
     from hami_agent.nvml.errors import NvmlError, NvmlTimeout
-    from hami_agent.nvml.inventory import collect_inventory
 
     try:
         snap = collect_inventory(lib_path=args.nvml_lib, timeout_s=args.timeout)

@@ -1,4 +1,4 @@
-"""Turn the worker's inventory into the model; the one-shot ``collect_inventory``."""
+"""Turn the worker's inventory into the model (one-shot: ``hami_agent.nvml.client.collect_inventory``)."""
 
 from __future__ import annotations
 
@@ -102,10 +102,3 @@ def warn_memory_not_supported(snapshot: Snapshot, already: set[int] | None = Non
             already.add(index)
         logger.warning("GPU %d: GetMemoryInfo not supported (unified memory); set "
                        "preConfiguredDeviceMemory in the device config to advertise its memory", index)
-
-
-def collect_inventory(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Snapshot:
-    """One-shot inventory through an ``NvmlClient`` (see ``hami_agent.nvml.client.collect_inventory``)."""
-    from hami_agent.nvml.client import collect_inventory as collect
-
-    return collect(lib_path, timeout_s)

@@ -5,7 +5,6 @@ Used by the leak analysis (``shrreg``) and the monitor's host metrics."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,10 +59,3 @@ def build_usage(data: Mapping[str, Any]) -> Usage:
         for p in data.get("processes", [])
     )
     return Usage(gpus=tuple(gpus), processes=procs, problems=tuple(problems))
-
-
-def collect_usage(lib_path: str | os.PathLike[str] | None = None, timeout_s: float = 10.0) -> Usage:
-    """One-shot usage through an ``NvmlClient`` (see ``hami_agent.nvml.client.collect_usage``)."""
-    from hami_agent.nvml.client import collect_usage as collect
-
-    return collect(lib_path, timeout_s)

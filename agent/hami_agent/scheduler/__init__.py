@@ -2,28 +2,16 @@
 
 HAMi's rules for requests, annotations, quantities, reasons, handshake and pair scores live in
 ``hami_agent.protocol`` (pure) and ``hami_agent.config``; this package uses them and adds the fit,
-scoring, caching and serving around them.
+scoring, caching and serving around them. Four sub-packages, each importing only the ones above it
+(``tests/unit/test_import_graph.py`` holds them to it):
 
-Modules, one job each:
-  model     device/node/pod usage dataclasses used by the fit code and the cache
-  requests  a pod's shape check and its requests as hashable memo keys (semantics:
-            hami_agent.protocol.requests)
-  args      request bodies: type-checked identity and node names (BadRequest names the field)
-  fit       HAMi's Fit / fitInDevices / device and node scoring (pure)
-  cache     usage cache: nodes + pods (with assumptions), free capacity, fit-set memo
-  podinfo   which pods' allocations count, and their per-GPU usage
-  podstate  the pod state /filter and /bind trust (informer or GET, uid-matched) and who may be decided for
-  nodes     register annotation + handshake rules for one node
-  dra       registered GPUs assigned to the DRA driver (config ``dra:``) are left out
-  extender  /filter logic (cache + API client + events); /bind delegates to binder
-  binder    /bind: decision check, node lock, lost binding answers, lock healing
-  decisions bounded record of recent /filter decisions (what /bind may bind)
-  reconcile read-back of writes whose outcome is unknown; cache audit
-  heal      the one background thread that retries repairs with backoff
-  leadership leader gate: fencing, relist on takeover, forwarding to the leader
-  webhook   AdmissionReview mutation
-  server    threaded HTTP server: routes, limits, TLS, metrics, profiling
-  sync      informer wiring and the periodic node register loop
-  app       wiring of one scheduler process
-  cmd       the ``hami-agent scheduler`` subcommand
+  core   the pure decision: a pod's request, HAMi's Fit and scores, MIG placement, the pre-checks, a node's
+         devices from its register annotation; ``core.decide`` answers one request from a snapshot. Imports
+         nothing of Kubernetes, HTTP or threads (protocol and config only).
+  state  what the extender knows of the cluster: the usage cache (nodes, pods, assumptions, memo), which
+         pods count, informer wiring, read-backs, the decision record, busy nodes, repairs.
+  verbs  the extender verbs, HTTP-free: /filter's decision and write (``verbs.extender``), /bind's node lock
+         and binding, the wait for a node lock, write-behind, requeue, request arguments, leadership, events.
+  serve  the HTTP face: listeners and routes, the admission webhook and guard, who may call, metrics,
+         profiling, the process wiring and the ``hami-agent scheduler`` command.
 """

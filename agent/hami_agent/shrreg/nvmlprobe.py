@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hami_agent.nvml.client import collect_usage
 from hami_agent.nvml.errors import NvmlError
-from hami_agent.nvml.usage import GpuUsage, collect_usage
+from hami_agent.nvml.usage import GpuUsage
 from hami_agent.shrreg.analysis import NvmlProcess
 
 DEFAULT_TIMEOUT_S = 10.0

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one repair transaction (lock, re-read, verify, write), side by side.
 """Safe, in-place repair of a shared region: force-unlock and dead-slot cleanup.
 
 Rules (Project-HAMi/HAMi-core ``src/multiprocess/multiprocess_memory_limit.c``

@@ -19,7 +19,7 @@ import yaml
 
 from hami_agent.protocol import keys
 from hami_agent.protocol.mig import decode_mig_allocations
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.gpusim import gpusim_state as gs
 from tests.integration.deviceplugin.conftest import NODE
 from tests.integration.scheduler.cluster import gpu_pod, stack

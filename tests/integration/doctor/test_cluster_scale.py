@@ -66,7 +66,7 @@ def test_doctor_cluster_imports_only_what_it_runs(tmp_path) -> None:
     import subprocess
     import sys
 
-    others = ["hami_agent.scheduler.cmd", "hami_agent.deviceplugin.cmd", "hami_agent.monitor.cmd",
+    others = ["hami_agent.scheduler.serve.cmd", "hami_agent.deviceplugin.cmd", "hami_agent.monitor.cmd",
               "hami_agent.dra.cmd", "hami_agent.nvml.client", "hami_agent.shrreg.analysis",
               "hami_agent.doctor.collect.endpoints", "hami_agent.doctor.collect.nvmlworkers",
               "hami_agent.doctor.collect.logs"]

@@ -8,7 +8,7 @@ import pytest
 
 from hami_agent.doctor.kubectl import main as kubectl_main
 from hami_agent.k8s import KubeClient
-from hami_agent.scheduler.events import filtering_failed_messages
+from hami_agent.scheduler.verbs.events import filtering_failed_messages
 from tests.integration.doctor.helpers import REGISTER, codes, event, gpu_pod, node, run_doctor, verdict
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -32,6 +32,7 @@ DECOY = "generated-decoy"
 ALLOWED_FILES = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "pyproject.toml",
                  "meta/runtime.yml"}
 ALLOWED_PREFIXES = ("agent/hami_agent/", "dashboards/", "docs/", "playbooks/", "plugins/callback/",
+                    "plugins/doc_fragments/",
                     "plugins/connection/", "plugins/filter/", "plugins/modules/", "plugins/module_utils/",
                     "roles/", "inventories/example/")
 

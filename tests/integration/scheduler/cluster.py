@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 from hami_agent.k8s.client import KubeClient
 from hami_agent.protocol import NodeDevice, encode_node_devices, keys
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kube_scheduler_allocator import AllocatorStub
 
@@ -75,7 +75,7 @@ def check_cluster(api, apps=(), allocations=None, timeout_s: float = 15.0, **kw)
     import time
 
     from hami_agent.doctor.invariants import check
-    from hami_agent.scheduler.podinfo import countable_usage
+    from hami_agent.scheduler.state.podinfo import countable_usage
 
     deadline = time.monotonic() + timeout_s
     while True:

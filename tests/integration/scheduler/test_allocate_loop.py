@@ -16,7 +16,7 @@ from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.k8s.client import KubeClient
 from hami_agent.k8s.informer import Informer
 from hami_agent.protocol import NodeDevice, encode_node_devices, keys
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import check_cluster, gpu_pod
 from tests.integration.scheduler.test_trust import bind, create, extender, filter_, wait_for
 from tests.unit.deviceplugin.fakes import FakeSnapshot, full_gpus, gpu_uuid

@@ -1,4 +1,4 @@
-"""Where /bind takes the pod from (scheduler/binder.py ``_checked``): the pending-pod informer's copy when
+"""Where /bind takes the pod from (verbs/binder.py ``_checked``): the pending-pod informer's copy when
 it already carries this extender's decision, so a bind costs no GET; the ``bind-phase`` write is
 conditional on that copy's resourceVersion, so a copy older than the API meets a 409 and the pod is
 checked once more as the API has it. SIMULATED API server; every test that binds ends with the invariant

@@ -12,7 +12,7 @@ import pytest
 
 from hami_agent.httpserve.model import Limits
 from hami_agent.protocol import keys
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import gpu_node, gpu_pod
 from tests.integration.scheduler.test_trust import bind, create, extender, filter_, wait_for
 from tests.sim.kube_scheduler import ExtenderClient

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hami_agent.protocol import decode_node_devices, decode_pod_devices, keys
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod, stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

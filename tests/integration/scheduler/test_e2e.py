@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hami_agent.protocol import decode_pod_devices, keys
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import events_for, gpu_node, gpu_pod, stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -78,7 +78,7 @@ def test_binpack_and_spread_node_policies(api_server):
         assert sim.wait_idle(10, expect_bound=1)
         first = sim.bound["default/first"]
         # first's admission is over (its lock released, as the extender's node watch shows): else the
-        # extender would prefer the other node while first is admitted (scheduler/busy.py)
+        # extender would prefer the other node while first is admitted (scheduler/state/busy.py)
         assert wait_for(lambda: not app.extender.busy.nodes())
         api_server.create(gpu_pod("second", mem=1000))  # binpack (default): same node
         assert sim.wait_idle(10, expect_bound=2)

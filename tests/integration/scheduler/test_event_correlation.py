@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hami_agent.k8s import KubeClient
-from hami_agent.scheduler.events import COMBINED_PREFIX, EventCorrelator, EventSink
+from hami_agent.scheduler.verbs.events import COMBINED_PREFIX, EventCorrelator, EventSink
 from tests.clock import ManualClock
 from tests.sim.apiserver import ApiServer
 from tests.sim.fixtures import api_server  # noqa: F401

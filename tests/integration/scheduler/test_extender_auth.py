@@ -13,11 +13,11 @@ import pytest
 
 from hami_agent.httpserve import Request
 from hami_agent.k8s.client import KubeClient
-from hami_agent.scheduler import cmd as scheduler_cmd
-from hami_agent.scheduler.auth import AuthConfig, LoopbackAuth
-from hami_agent.scheduler.extender import SchedulerConfig
-from hami_agent.scheduler.server import ExtenderHTTPServer
-from hami_agent.scheduler.webhook import Webhook
+from hami_agent.scheduler.serve import cmd as scheduler_cmd
+from hami_agent.scheduler.serve.auth import AuthConfig, LoopbackAuth
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.webhook import Webhook
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.pki import make_pki
 from tests.sim import apiserver_reviews
 from tests.unit.scheduler.helpers import gpu_pod

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from hami_agent.k8s.client import KubeClient
-from hami_agent.scheduler.auth import AuthConfig
-from hami_agent.scheduler.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.auth import AuthConfig
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
 from tests.sim.apiserver import ApiServer
 from tests.unit.scheduler.helpers import gpu_pod
 

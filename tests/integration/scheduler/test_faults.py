@@ -14,7 +14,7 @@ import pytest
 
 from hami_agent.protocol import keys
 from hami_agent.protocol.nodelock import parse_lock_value
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod
 from tests.integration.scheduler.test_trust import bind, create, extender, filter_, wait_for
 

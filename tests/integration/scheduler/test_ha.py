@@ -23,9 +23,9 @@ import pytest
 
 from hami_agent.k8s.client import KubeClient
 from hami_agent.protocol import keys
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
-from hami_agent.scheduler.leadership import URL_ANNOTATION
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.leadership import URL_ANNOTATION
 from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod
 from tests.integration.scheduler.pki import make_pki
 from tests.integration.scheduler.test_trust import create, filter_, wait_for

@@ -5,7 +5,7 @@ lock at its next round, and the node takes GPU pods again.
 
 The scheduler app and the device plugin's real ``Allocator`` (``K8sPodSource`` on informers) run against
 the SIMULATED API server; the "kubelet" is ``test_allocate_loop.Kubelet``. The audit runs every 0.5 s here
-(60 s in production, ``scheduler/app.py`` ``AUDIT_INTERVAL_S``): the worst case documented in
+(60 s in production, ``scheduler/serve/app.py`` ``AUDIT_INTERVAL_S``): the worst case documented in
 docs/device-plugin.md is that interval plus one API round trip."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import check_cluster, gpu_pod
 from tests.integration.scheduler.test_allocate_loop import NODE, plugin  # noqa: F401 - the fixture
 from tests.integration.scheduler.test_trust import bind, create, extender, filter_, wait_for

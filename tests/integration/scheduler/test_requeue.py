@@ -2,7 +2,7 @@
 the GPU must run as soon as the GPU frees, against a kube-scheduler whose queue parks refused pods until a
 cluster event (or 5 minutes). The race that strands it: kube-scheduler acts on the predecessor's deletion
 before the extender's informer does, retries at once, and is refused again. The extender then announces
-the freed capacity with a node update (``scheduler/requeue.py``)."""
+the freed capacity with a node update (``scheduler/verbs/requeue.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.requeue import ANNOTATION
+from hami_agent.scheduler.verbs.requeue import ANNOTATION
 from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod, stack
 from tests.sim import kube_scheduler_queue as qu
 

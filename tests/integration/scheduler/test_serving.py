@@ -16,9 +16,9 @@ import time
 import pytest
 
 from hami_agent.httpserve import Limits
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.integration.scheduler.pki import make_pki
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 
@@ -223,7 +223,7 @@ def test_oversized_bodies_get_413_unread(plain):
 
 def test_nesting_bomb_and_malformed_json_get_400():
     """Finding 4: '[' x 100,000 raised RecursionError out of do_POST and the connection was dropped."""
-    from hami_agent.scheduler.webhook import Webhook
+    from hami_agent.scheduler.serve.webhook import Webhook
 
     srv = serve(extender(), Webhook(SchedulerConfig()), limits=FAST)  # 1 MiB bodies
     try:

@@ -14,8 +14,8 @@ import pytest
 
 from hami_agent.k8s.client import KubeClient
 from hami_agent.protocol import decode_pod_devices, keys
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.integration.scheduler.cluster import check_cluster, gpu_node, gpu_pod
 from tests.sim.kube_scheduler import ExtenderClient
 

@@ -1,4 +1,4 @@
-"""Write-behind (scheduler/writebehind.py): /filter answers once its decision is reserved, the pod's
+"""Write-behind (scheduler/verbs/writebehind.py): /filter answers once its decision is reserved, the pod's
 assignment is written in a bounded pool, and /bind waits for that write: it binds only a written
 assignment and refuses, writing nothing, when the write failed. Faults and delays come from the simulated
 API server; every test ends with the invariant checker."""
@@ -11,8 +11,8 @@ import time
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.extender import SchedulerConfig
-from hami_agent.scheduler.writebehind import WriteBehind
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.writebehind import WriteBehind
 from tests.integration.scheduler.cluster import check_cluster, events_for, gpu_node, gpu_pod
 from tests.integration.scheduler.test_trust import bind, create, extender, filter_, wait_for
 

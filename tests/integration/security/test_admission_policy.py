@@ -12,7 +12,7 @@ import json
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.webhook import SCHEDULER_OWNED
+from hami_agent.scheduler.serve.webhook import SCHEDULER_OWNED
 from tests.integration.security.conftest import SA_NS, TENANT_NS
 from tests.sim.apiserver_admission import FAILURE_ANNOTATION
 from tests.sim.role_manifests import role_defaults

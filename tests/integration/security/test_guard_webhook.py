@@ -1,4 +1,4 @@
-"""The allocation guard webhook (``/validate``, scheduler/guard.py) decides exactly as the role's admission
+"""The allocation guard webhook (``/validate``, serve/guard.py) decides exactly as the role's admission
 policies do (issue 27 item 1: where the cluster cannot run ValidatingAdmissionPolicies, the webhook's
 ``failurePolicy: Fail`` path enforces the same rules for CREATE and UPDATE of pods, pods/status,
 pods/ephemeralcontainers and bindings).
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.guard import AllocationGuard
-from hami_agent.scheduler.webhook import SCHEDULER_OWNED
+from hami_agent.scheduler.serve.guard import AllocationGuard
+from hami_agent.scheduler.serve.webhook import SCHEDULER_OWNED
 from tests.sim.apiserver_admission import Admission, AdmissionRequest
 from tests.sim.apiserver_auth import UserInfo
 from tests.sim.apiserver_store import ApiError, Store, resource_for_kind
@@ -204,8 +204,8 @@ def test_random_requests_get_the_same_answer(engine, user, op_sub, new, old, bin
 
 def test_the_scheduler_serves_it_on_the_webhook_listener(api_server):  # noqa: F811
     from hami_agent.k8s.client import KubeClient
-    from hami_agent.scheduler.app import SchedulerApp
-    from hami_agent.scheduler.extender import SchedulerConfig
+    from hami_agent.scheduler.serve.app import SchedulerApp
+    from hami_agent.scheduler.verbs.extender import SchedulerConfig
 
     app = SchedulerApp(KubeClient.from_kubeconfig(api_server.kubeconfig_path), SchedulerConfig(),
                        guard=GUARD).start()

@@ -22,10 +22,10 @@ import uuid
 import pytest
 
 from hami_agent.k8s.client import KubeClient, RetryPolicy
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
-from hami_agent.scheduler.leadership import URL_ANNOTATION, ForwardSettings
-from hami_agent.scheduler.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
+from hami_agent.scheduler.verbs.leadership import URL_ANNOTATION, ForwardSettings
 from tests.integration.scheduler.pki import issue, make_pki
 from tests.integration.security.conftest import SA_NS, SecureCluster
 from tests.sim.apiserver_auth import user

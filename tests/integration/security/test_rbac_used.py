@@ -23,8 +23,8 @@ import pytest
 
 from hami_agent.k8s.client import KubeClient, RetryPolicy
 from hami_agent.protocol import keys
-from hami_agent.scheduler.app import SchedulerApp
-from hami_agent.scheduler.extender import SchedulerConfig
+from hami_agent.scheduler.serve.app import SchedulerApp
+from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.gpusim import gpusim_state as gs
 from tests.gpusim.fixtures import gpusim_factory, gpusim_lib  # noqa: F401
 from tests.integration.security.conftest import NODES, OPERATORS, SA_NS, TENANT_NS, SecureCluster
@@ -47,8 +47,8 @@ RARE: dict[str, dict[tuple[str, str, str], str]] = {
         # resourceVersion); the node is read afresh only when that copy was stale (409) or showed a lock
         ("get", "", "nodes"): "k8s/nodelock.py lock_node (stale watch copy or a lock to judge)",
         # pods come from the pending-pod informer; a GET only when it has not shown the pod (or the
-        # decision's write) yet (scheduler/podstate.py PodStates.get), or to read back a lost answer
-        ("get", "", "pods"): "scheduler/podstate.py PodStates.get (watch lag), binder.py read-backs",
+        # decision's write) yet (scheduler/state/podstate.py PodStates.get), or to read back a lost answer
+        ("get", "", "pods"): "scheduler/state/podstate.py PodStates.get (watch lag), binder.py read-backs",
     },
     PLUGIN_USER: {
         # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer

@@ -157,7 +157,7 @@ def test_one_sick_node_in_each_play_never_stops_the_others(tmp_path: Path) -> No
         f.host("n04", hami_test_down_play="all at once")              # unreachable while converging
         f.host("n05", **wanted)                                       # rolls
         f.host("n06", **wanted)                                       # its drain would refuse: a bare pod
-        f.host("n07", hami_test_down_play="Roll pass", **wanted)      # unreachable inside its window
+        f.host("n07", hami_test_down_play="disruptive changes in batches", **wanted)  # down in its window
         f.host("n08", healthy=False, **wanted)                        # fails its NVML gate: parked
         f.host("n09", **wanted)                                       # the roll stops before it
         f.host("n10")                                                 # nothing to do
@@ -178,7 +178,7 @@ def test_one_sick_node_in_each_play_never_stops_the_others(tmp_path: Path) -> No
         assert nodes["n03"]["play"] == "converge" and "no kubelet configuration" in nodes["n03"]["detail"]
         assert "all at once" in nodes["n04"]["play"] and "went down" in nodes["n04"]["detail"]
         assert "bare-n06" in nodes["n06"]["detail"] and "nothing was written" in nodes["n06"]["detail"]
-        assert "Roll pass" in nodes["n07"]["play"]
+        assert "disruptive changes in batches" in nodes["n07"]["play"]
         assert nodes["n08"]["gate"] == "nvml" and nodes["n08"]["batch"] == 2
         assert "site_rollout_max_parked=0" in nodes["n09"]["detail"]
         assert doc["needs_attention"] == ["n01", "n02", "n03", "n04", "n06", "n07", "n08", "n09"]

@@ -13,8 +13,8 @@ from hami_agent.deviceplugin.budget import BudgetExhausted, LateCommit, RpcBudge
 from hami_agent.deviceplugin.devices import plan_resources
 from hami_agent.deviceplugin.latewriter import LateWriter
 from hami_agent.deviceplugin.podsource import MemoryPodSource, PodSourceError
-from hami_agent.deviceplugin.server import DeadlineExceeded, DeadlineRunner
 from hami_agent.deviceplugin.settings import PluginSettings
+from hami_agent.kubeletplugin import DeadlineExceeded, DeadlineRunner
 from hami_agent.protocol import keys
 from tests.clock import ManualClock
 from tests.unit.deviceplugin.fakes import (

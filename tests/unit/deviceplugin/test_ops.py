@@ -7,7 +7,7 @@ import pytest
 
 from hami_agent.deviceplugin.httpserver import OpsServer, parse_bind
 from hami_agent.deviceplugin.metrics import PluginMetrics
-from hami_agent.deviceplugin.server import DeadlineExceeded, DeadlineRunner
+from hami_agent.kubeletplugin import DeadlineExceeded, DeadlineRunner
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(20)]
 

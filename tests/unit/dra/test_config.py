@@ -5,8 +5,8 @@ import pytest
 
 from hami_agent import cli
 from hami_agent.config import ConfigError, DraPartition, build_config, without_dra_devices
-from hami_agent.scheduler.dra import without_dra_managed
-from hami_agent.scheduler.model import DeviceUsage
+from hami_agent.scheduler.core.dra import without_dra_managed
+from hami_agent.scheduler.core.model import DeviceUsage
 
 pytestmark = pytest.mark.unit
 
@@ -90,8 +90,8 @@ def test_hami_agent_dra_refuses_a_node_without_dra_gpus(tmp_path, capsys):
 def test_the_extenders_node_sync_drops_dra_gpus_from_the_register_annotation():
     """The wiring, not only the filter: ClusterSync.on_node reads the annotation through it."""
     from hami_agent.protocol import NodeDevice, encode_node_devices, keys
-    from hami_agent.scheduler.cache import UsageCache
-    from hami_agent.scheduler.sync import ClusterSync
+    from hami_agent.scheduler.state.cache import UsageCache
+    from hami_agent.scheduler.state.sync import ClusterSync
 
     devs = [NodeDevice(id=f"GPU-{i}", index=i, count=10, devmem=81920, devcore=100, type="NVIDIA-A100",
                        numa=0, mode="hami-core", health=True) for i in range(4)]

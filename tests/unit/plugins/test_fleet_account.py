@@ -110,3 +110,20 @@ def test_long_messages_keep_their_head_and_their_cause_on_one_line() -> None:
     assert "\n" not in detail and len(detail) <= fa.MSG_MAX
     assert detail.startswith("'/usr/bin/apt-get install") and detail.endswith("dpkg frontend lock")
     assert " ... " in detail
+
+
+def test_a_finding_about_the_cluster_is_not_a_node_failure() -> None:
+    a = account()
+    a.ok("n1", {}, False)
+    finding = {"ALLOCATION_GUARD_MISSING": "no kubeconfig"}
+    a.ok("n1", {"ansible_facts": {"site_account_finding": finding}}, False)
+    a.play = "Account | every node that needs attention fails here"
+    a.task = "Account | needs attention (the cluster)"
+    a.failed("n1", {"msg": '{"ALLOCATION_GUARD_MISSING": "no kubeconfig"}'}, False)
+    doc = a.result()
+    assert doc["nodes"]["n1"]["state"] == "converged" and doc["needs_attention"] == []
+    assert doc["findings"] == {"ALLOCATION_GUARD_MISSING": "no kubeconfig"}
+    lines = fa.render(doc)
+    assert any("(cluster)" in ln and "ALLOCATION_GUARD_MISSING" in ln and "no kubeconfig" in ln
+               for ln in lines)
+    assert lines[-1].endswith("1 finding(s) about the cluster")

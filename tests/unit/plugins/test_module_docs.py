@@ -17,7 +17,7 @@ from ansible.module_utils import basic
 pytestmark = pytest.mark.unit
 
 MODULES = ["nvidia_gpu_info", "nvidia_mig", "nvidia_mps", "kubelet_config", "hami_node",
-           "k8s_node_maintenance"]
+           "k8s_node_maintenance", "k8s_rollout"]
 FILE_COMMON = {
     "mode",
     "owner",
@@ -45,6 +45,19 @@ def argspec(mod) -> dict:
     with mock.patch.object(basic.AnsibleModule, "__init__", fake_init), pytest.raises(_Captured):
         mod.main()
     return captured
+
+
+def documented_options(doc: dict) -> dict:
+    """The module's options with those of its hami.node documentation fragments (as ansible-doc shows)."""
+    options = dict(doc.get("options") or {})
+    for frag in doc.get("extends_documentation_fragment") or []:
+        if frag.startswith("hami.node."):
+            mod = importlib.import_module("ansible_collections.hami.node.plugins.doc_fragments.%s"
+                                          % frag.split(".")[-1])
+            fragment = yaml.safe_load(mod.ModuleDocFragment.DOCUMENTATION).get("options") or {}
+            for name, opt in fragment.items():
+                options.setdefault(name, opt)
+    return options
 
 
 def compare(doc_opts: dict, spec: dict, where: str) -> list[str]:
@@ -81,7 +94,7 @@ def test_docs_match_argument_spec(name):
     yaml.safe_load(mod.RETURN)
     assert doc["module"] == name and doc["short_description"] and len(doc["short_description"]) <= 110
     spec = argspec(mod)
-    options = dict(doc.get("options") or {})
+    options = documented_options(doc)
     if spec.get("add_file_common_args"):
         assert "ansible.builtin.files" in doc.get("extends_documentation_fragment", [])
         for opt in FILE_COMMON:
@@ -96,7 +109,7 @@ def test_docs_match_argument_spec(name):
 @pytest.mark.parametrize("name", MODULES)
 def test_examples_use_fqcn_and_known_options(name):
     mod = importlib.import_module("ansible_collections.hami.node.plugins.modules.%s" % name)
-    options = set((yaml.safe_load(mod.DOCUMENTATION).get("options") or {}).keys())
+    options = set(documented_options(yaml.safe_load(mod.DOCUMENTATION)))
     tasks = yaml.safe_load(mod.EXAMPLES)
     used = [t for t in tasks if "hami.node.%s" % name in t]
     assert used, "no example calls hami.node.%s" % name
@@ -113,6 +126,7 @@ def test_examples_use_fqcn_and_known_options(name):
                 "register",
                 "when",
                 "delegate_to",
+                "run_once",
                 "check_mode",
                 "diff",
                 "loop",

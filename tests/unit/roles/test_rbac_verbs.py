@@ -298,7 +298,7 @@ def test_scan_maps_calls_and_ignores_dict_get(tmp_path: Path) -> None:
 
 def test_scan_sees_generic_calls_on_any_receiver(tmp_path: Path) -> None:
     """What the scan missed before: ``call()`` with a literal path (TokenReview/SubjectAccessReview in
-    scheduler/auth.py, on ``self._api`` and on a ``with_options(...)`` view), and kind-first generic calls
+    serve/auth.py, on ``self._api`` and on a ``with_options(...)`` view), and kind-first generic calls
     with a content type (the plugin's JSON patch of pods) on receivers not named ``client``."""
     src = tmp_path / "probe.py"
     src.write_text(

@@ -11,7 +11,7 @@ import re
 import pytest
 import yaml
 
-from hami_agent.scheduler import cmd as scheduler_cmd
+from hami_agent.scheduler.serve import cmd as scheduler_cmd
 from tests.unit.roles.test_unit_templates import ROLES, execstart, render, render_env, role_vars
 
 pytestmark = pytest.mark.unit

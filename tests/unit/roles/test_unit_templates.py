@@ -128,7 +128,7 @@ def test_the_rendered_scheduler_flags_parse():
     """What the unit passes is what `hami-agent scheduler` accepts, and its listener/auth checks pass."""
     import argparse
 
-    from hami_agent.scheduler import cmd as scheduler_cmd
+    from hami_agent.scheduler.serve import cmd as scheduler_cmd
 
     for mode in ("loopback", "mtls"):
         v = role_vars("hami_scheduler", hami_scheduler_extender_auth=mode)

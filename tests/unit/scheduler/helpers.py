@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hami_agent.scheduler.model import ContainerDeviceRequest, DeviceUsage, PodRequest
+from hami_agent.scheduler.core.model import ContainerDeviceRequest, DeviceUsage, PodRequest
 
 
 def dev(i: int, *, mem: int = 8000, cores: int = 100, count: int = 10, used: int = 0, usedmem: int = 0,

@@ -1,4 +1,4 @@
-"""/filter prefers a node where no other pod is being admitted (scheduler/busy.py): the busy set, the
+"""/filter prefers a node where no other pod is being admitted (scheduler/state/busy.py): the busy set, the
 node choice with ``avoid`` on every path of the cache, and the extender end to end with a fake API."""
 
 from __future__ import annotations
@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.busy import BusyNodes
-from hami_agent.scheduler.cache import EAGER_DIRTY, UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.fit import PodContext, QuotaBudget
-from hami_agent.scheduler.model import DeviceAmount, PodUsage
+from hami_agent.scheduler.core.fit import PodContext, QuotaBudget
+from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
+from hami_agent.scheduler.state.busy import BusyNodes
+from hami_agent.scheduler.state.cache import EAGER_DIRTY, UsageCache
+from hami_agent.scheduler.state.nodelocks import NodeLocks
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.clock import ManualClock
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod, preq, req
 
@@ -48,15 +49,29 @@ def test_a_filter_again_moves_the_claim() -> None:
 
 
 def test_the_node_watch_lock_makes_a_node_busy_until_released() -> None:
-    b = BusyNodes()
-    b.on_node(node("n1", "2026-11-23T10:00:00Z,default,p1"))
-    b.on_node(node("n2"))
+    locks = NodeLocks()
+    b = BusyNodes(locks)
+    locks.on_node(node("n1", "2026-11-23T10:00:00Z,default,p1"))
+    locks.on_node(node("n2"))
     assert b.nodes() == {"n1"}
-    b.on_node(node("n1"))  # the device plugin's Allocate released it
+    locks.on_node(node("n1"))  # the device plugin's Allocate released it
     assert b.nodes() == set()
-    b.on_node(node("n3", "x"))
-    b.on_node_delete(node("n3"))
+    locks.on_node(node("n3", "x"))
+    locks.on_node_delete(node("n3"))
     assert b.nodes() == set()
+
+
+def test_the_locks_are_kept_once_and_tell_who_listens() -> None:
+    locks = NodeLocks()
+    heard: list[tuple[str, str]] = []
+    locks.subscribe(lambda n: heard.append(("released", n)), lambda n: heard.append(("gone", n)))
+    locks.on_node(node("n1", "v1"))
+    assert locks.value("n1") == "v1" and locks.held() == {"n1"} and heard == []
+    locks.on_node(node("n1"))
+    assert locks.value("n1") is None and heard == [("released", "n1")]
+    locks.on_node(node("n2", "v2"))
+    locks.on_node_delete(node("n2"))
+    assert locks.held() == set() and heard[-1] == ("gone", "n2")
 
 
 def test_claims_are_bounded_oldest_dropped_first() -> None:
@@ -124,13 +139,13 @@ def test_binpack_sends_the_next_pod_elsewhere_while_a_pod_is_admitted_on_the_bes
         other = "n2" if first == "n1" else "n1"
         assert _filter(ext, client, "p2") == [other]  # p1 is between /filter and Allocate on `first`
         # p1's bind took the node lock (the watch shows it) and finished; p2's bind settles too
-        ext.busy.on_node(node(first, "2026-11-23T10:00:00Z,default,p1"))
+        ext.node_locks.on_node(node(first, "2026-11-23T10:00:00Z,default,p1"))
         ext.busy.settle("uid-p1")
         ext.busy.settle("uid-p2")
         assert _filter(ext, client, "p3") == [other]  # `first` is still locked; `other` is free
         # p3 not bound yet: both nodes busy, so the best of them by policy (`other` holds two pods)
         assert _filter(ext, client, "p4") == [other]
-        ext.busy.on_node(node(first))  # Allocate released p1's lock; `other` still has p3 and p4 coming
+        ext.node_locks.on_node(node(first))  # Allocate released p1's lock; `other` still has p3 and p4 coming
         assert _filter(ext, client, "p5") == [first]
     finally:
         ext.healer.stop()
@@ -143,3 +158,22 @@ def test_switched_off_the_best_node_by_policy_alone() -> None:
         assert _filter(ext, client, "p2") == [first]
     finally:
         ext.healer.stop()
+
+
+def test_a_new_leader_learns_the_busy_nodes_from_pending_pods_with_an_assignment() -> None:
+    from types import SimpleNamespace
+
+    from hami_agent.scheduler.serve.app import SchedulerApp
+
+    pending = [
+        {"metadata": {"uid": "u1", "annotations": {keys.VGPU_NODE: "n1"}}},  # chosen, not bound yet
+        {"metadata": {"uid": "u2", "annotations": {}}},  # never filtered
+        {"metadata": {"uid": "u3", "annotations": {keys.VGPU_NODE: "n3"}}},
+    ]
+    busy = BusyNodes()
+    fake = SimpleNamespace(sync=SimpleNamespace(pending_informer=SimpleNamespace(list=lambda: pending)),
+                           extender=SimpleNamespace(busy=busy))
+    SchedulerApp._busy_from_pending(fake)  # type: ignore[arg-type]
+    assert busy.nodes() == {"n1", "n3"}
+    busy.settle("u1")  # its /bind, on this leader, ends the claim as any other
+    assert busy.nodes() == {"n3"}

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from hami_agent.scheduler.cache import UsageCache, collapse
-from hami_agent.scheduler.fit import PodContext, fit_node, node_score
-from hami_agent.scheduler.model import DeviceAmount, Picked, PodUsage
+from hami_agent.scheduler.core.fit import PodContext, fit_node, node_score
+from hami_agent.scheduler.core.model import DeviceAmount, Picked, PodUsage
+from hami_agent.scheduler.state.cache import UsageCache, collapse
 from tests.unit.scheduler.helpers import dev, preq, req
 
 pytestmark = pytest.mark.unit

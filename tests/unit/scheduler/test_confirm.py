@@ -1,4 +1,4 @@
-"""Before /filter refuses for capacity, the few pods in the way are read back (``scheduler/confirm.py``):
+"""Before /filter refuses for capacity, the few pods in the way are read back (``state/confirm.py``):
 a pod the API no longer has (or that finished) stops counting; one that still exists keeps counting, in
 any state; the reads are bounded and made only on a refusal."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from hami_agent.k8s.errors import KubeError, NotFoundError
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.confirm import GoneCheck
-from hami_agent.scheduler.extender import Extender
-from hami_agent.scheduler.fit import PodContext
-from hami_agent.scheduler.model import DeviceAmount, PodUsage
-from hami_agent.scheduler.podinfo import signature
+from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.confirm import GoneCheck
+from hami_agent.scheduler.state.podinfo import signature
+from hami_agent.scheduler.verbs.extender import Extender
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod, preq, req
 
 pytestmark = pytest.mark.unit

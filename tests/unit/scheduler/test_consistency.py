@@ -9,18 +9,18 @@ import time
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.decisions import DecisionLog, FilterDecision
-from hami_agent.scheduler.heal import Healer
-from hami_agent.scheduler.leadership import (
+from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.decisions import DecisionLog, FilterDecision
+from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.podinfo import countable_usage, signature
+from hami_agent.scheduler.verbs.leadership import (
     FORWARDED_BY,
     URL_ANNOTATION,
     ForwardSettings,
     LeaderGate,
     NotLeader,
 )
-from hami_agent.scheduler.model import DeviceAmount, PodUsage
-from hami_agent.scheduler.podinfo import countable_usage, signature
 from tests.unit.scheduler.helpers import dev, gpu_pod
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

@@ -12,10 +12,10 @@ import ssl
 import pytest
 
 from hami_agent.protocol import NodeDevice, decode_pod_devices, encode_node_devices, keys
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.metrics import SchedulerMetrics
-from hami_agent.scheduler.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.metrics import SchedulerMetrics
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

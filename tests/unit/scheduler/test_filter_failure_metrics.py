@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from hami_agent.protocol import reasons as R
-from hami_agent.scheduler.metrics import SchedulerMetrics, failure_reasons
+from hami_agent.scheduler.serve.metrics import SchedulerMetrics, failure_reasons
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,10 @@ import pytest
 from benchmarks.scheduler.trace import build_fleet, shapes
 from hami_agent.protocol.annotations import DEFAULT_GPU_POLICY, DEFAULT_NODE_POLICY
 from hami_agent.protocol.requests import RequestConfig
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.fit import pod_context
-from hami_agent.scheduler.podinfo import annotations
-from hami_agent.scheduler.requests import pod_request
+from hami_agent.scheduler.core.fit import pod_context
+from hami_agent.scheduler.core.requests import pod_request
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.podinfo import annotations
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_bounded_walk_and_bulk_counts_equal_the_full_ones(monkeypatch: pytest.Mo
     capacity index bounding the walk and pruning the counts, the other screens every node. Every request
     shape (1-8 GPUs, MiB/percent, cores, static MIG, NUMA, policies), asked twice (cold, then warm, with
     a name missing from the list), answers the same node, counts and reasons."""
-    monkeypatch.setattr("hami_agent.scheduler.cache.COMPLETE_QUIET_S", 0.0)
+    monkeypatch.setattr("hami_agent.scheduler.state.cache.COMPLETE_QUIET_S", 0.0)
     bounded, full = build_fleet(160, seed=7), build_fleet(160, seed=7)
     # bounded whenever the index rules out any node (by default: half of them), so most walks are
     bound = bounded._candidates

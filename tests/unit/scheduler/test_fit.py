@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_agent.scheduler.fit import (
+from hami_agent.scheduler.core.fit import (
     NodeExtras,
     PodContext,
     QuotaBudget,
@@ -204,7 +204,7 @@ def test_scoring_weights_annotation():
 
 
 def test_policy_chains_and_bare_numa():
-    from hami_agent.scheduler.fit import sort_devices
+    from hami_agent.scheduler.core.fit import sort_devices
 
     def devs():
         out = [dev(0, numa=1, used=1, usedmem=4000), dev(1, numa=0, used=1, usedmem=4000),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from hami_agent.httpserve import HTTPError
-from hami_agent.scheduler.leadership import (
+from hami_agent.scheduler.verbs.leadership import (
     URL_ANNOTATION,
     ForwardRefused,
     ForwardSettings,

@@ -9,9 +9,7 @@ import pytest
 from hami_agent.protocol import MigPlacement, ProtocolError, keys
 from hami_agent.protocol.mig import decode_mig_allocations
 from hami_agent.protocol.requests import RequestConfig
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.fit import (
+from hami_agent.scheduler.core.fit import (
     NodeExtras,
     PodContext,
     QuotaBudget,
@@ -21,8 +19,10 @@ from hami_agent.scheduler.fit import (
     pod_context,
     sort_devices,
 )
-from hami_agent.scheduler.model import PodUsage
-from hami_agent.scheduler.podinfo import pod_usage
+from hami_agent.scheduler.core.model import PodUsage
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.podinfo import pod_usage
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.unit.scheduler.helpers import FakePodClient, a100_mig_profiles, dev, gpu_pod, mig_dev, preq, req
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ import pytest
 
 from hami_agent.doctor.invariants import assert_invariants, check
 from hami_agent.protocol import NodeDevice, encode_node_devices, keys
-from hami_agent.scheduler.model import DeviceAmount, PodUsage
+from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from hami_agent.scheduler import cache as cache_mod
-from hami_agent.scheduler.cache import UsageCache, collapse
-from hami_agent.scheduler.fit import PodContext
-from hami_agent.scheduler.model import DeviceUsage, Picked, PodRequest, PodUsage
+from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.model import DeviceUsage, Picked, PodRequest, PodUsage
+from hami_agent.scheduler.state import cache as cache_mod
+from hami_agent.scheduler.state.cache import UsageCache, collapse
 from tests.unit.scheduler.helpers import preq as make_preq
 from tests.unit.scheduler.helpers import req
 

@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hami_agent.protocol import MigPlacement
-from hami_agent.scheduler.cache import NodeState, UsageCache
-from hami_agent.scheduler.fit import NodeExtras, PodContext
-from hami_agent.scheduler.model import NVIDIA, ContainerDeviceRequest, DeviceUsage, PodRequest
-from hami_agent.scheduler.prefit import may_fit, screen_is_exact
+from hami_agent.scheduler.core.fit import NodeExtras, PodContext
+from hami_agent.scheduler.core.model import NVIDIA, ContainerDeviceRequest, DeviceUsage, PodRequest
+from hami_agent.scheduler.core.nodes import NodeState
+from hami_agent.scheduler.core.prefit import may_fit, screen_is_exact
+from hami_agent.scheduler.state.cache import UsageCache
 from tests.unit.scheduler.helpers import a100_mig_profiles, dev, preq, req
 
 pytestmark = pytest.mark.unit
@@ -169,7 +170,7 @@ def test_a_node_whose_kth_free_gpu_is_too_small_is_refused_by_the_summary(monkey
     """8 GPUs of 60 GiB: a node whose largest free GPU has that much but whose eighth has not is refused
     from its summary (O(1)), without counting its devices (the walk of a new 8-GPU shape at 5,000 nodes
     screened 1,600 such nodes device by device: 30 ms)."""
-    from hami_agent.scheduler import prefit
+    from hami_agent.scheduler.core import prefit
 
     counted: list[str] = []
     real = prefit._count_devices  # noqa: SLF001 - the step that must not run

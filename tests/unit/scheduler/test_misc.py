@@ -8,12 +8,12 @@ import pytest
 
 from hami_agent.protocol import MigPlacement, MigProfile
 from hami_agent.protocol.requests import RequestConfig
-from hami_agent.scheduler import events as ev
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.cmd import add_arguments, build_config, parse_duration
-from hami_agent.scheduler.fit import PodContext
-from hami_agent.scheduler.model import PodRequest, PodUsage
-from hami_agent.scheduler.requests import RequestError, pod_request
+from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.model import PodRequest, PodUsage
+from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.serve.cmd import add_arguments, build_config, parse_duration
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs import events as ev
 from tests.unit.scheduler.helpers import dev, gpu_pod
 
 pytestmark = pytest.mark.unit
@@ -69,7 +69,7 @@ def test_durations_and_flags():
 
 
 def test_audit_interval_flag():
-    from hami_agent.scheduler.cmd import run
+    from hami_agent.scheduler.serve.cmd import run
 
     p = argparse.ArgumentParser()
     p.add_argument("--config")

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from hami_agent.protocol import NodeDevice, encode_node_devices, keys
-from hami_agent.scheduler.model import DeviceAmount
-from hami_agent.scheduler.nodes import DELETE, HandshakeTracker, node_devices, node_extras
-from hami_agent.scheduler.podinfo import pod_usage
+from hami_agent.scheduler.core.model import DeviceAmount
+from hami_agent.scheduler.core.nodes import DELETE, HandshakeTracker, node_devices, node_extras
+from hami_agent.scheduler.state.podinfo import pod_usage
 
 pytestmark = pytest.mark.unit
 

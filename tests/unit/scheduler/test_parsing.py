@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from hami_agent.scheduler.args import BadRequest, parse_bind_args, parse_filter_args
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.podinfo import countable_usage, pod_usage
-from hami_agent.scheduler.requests import RequestError, pod_request
-from hami_agent.scheduler.server import ExtenderHTTPServer
+from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.podinfo import countable_usage, pod_usage
+from hami_agent.scheduler.verbs.args import BadRequest, parse_bind_args, parse_filter_args
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 from tests.unit.scheduler.test_extender_http import post
 

@@ -23,13 +23,13 @@ from hami_agent.protocol import (
     mode_matches,
     parse_reason,
 )
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.fit import _type_ok, _uuid_ok, parse_weights, pod_context
-from hami_agent.scheduler.model import ContainerDeviceRequest
-from hami_agent.scheduler.nodes import allocatable_gpus, node_extras
-from hami_agent.scheduler.requests import RequestError, pod_request
-from hami_agent.scheduler.webhook import Webhook
+from hami_agent.scheduler.core.fit import _type_ok, _uuid_ok, parse_weights, pod_context
+from hami_agent.scheduler.core.model import ContainerDeviceRequest
+from hami_agent.scheduler.core.nodes import allocatable_gpus, node_extras
+from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.serve.webhook import Webhook
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.unit.scheduler.helpers import dev, gpu_pod, req
 
 pytestmark = pytest.mark.unit
@@ -196,7 +196,7 @@ def test_pod_request_is_the_protocol_request(nums, mem, pct, cores, total, defau
 
 
 def test_failed_events_read_reasons_with_the_protocol_parser():
-    from hami_agent.scheduler.events import filtering_failed_messages
+    from hami_agent.scheduler.verbs.events import filtering_failed_messages
 
     reason = "10/12 CardInsufficientMemory, 2/12 CardTypeMismatch"
     assert set(parse_reason(reason)) == {"CardInsufficientMemory", "CardTypeMismatch"}

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from hami_agent.scheduler.cache import UsageCache
-from hami_agent.scheduler.extender import Extender, SchedulerConfig
-from hami_agent.scheduler.server import ExtenderHTTPServer
-from hami_agent.scheduler.webhook import Webhook
+from hami_agent.scheduler.serve.server import ExtenderHTTPServer
+from hami_agent.scheduler.serve.webhook import Webhook
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.verbs.extender import Extender, SchedulerConfig
 from tests.unit.scheduler.helpers import FakePodClient, dev, gpu_pod
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.scheduler.extender import BadRequest, SchedulerConfig
-from hami_agent.scheduler.webhook import Webhook
+from hami_agent.scheduler.serve.webhook import Webhook
+from hami_agent.scheduler.verbs.extender import BadRequest, SchedulerConfig
 
 pytestmark = pytest.mark.unit
 

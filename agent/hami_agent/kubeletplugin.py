@@ -1,0 +1,185 @@
+"""What the agent's kubelet plugins share, written once: the device plugin (``deviceplugin``) and the DRA
+driver (``dra``) each serve gRPC on unix sockets the kubelet dials.
+
+* ``DeadlineRunner``: an RPC body runs on a bounded pool with its own budget and the caller waits at most the
+  deadline, so a hung NVML or API call can never block the kubelet (the failure of seed 003);
+* ``SocketServer``: one gRPC server on one unix socket, restartable, that notices when its socket file is
+  gone or replaced (the kubelet wipes its plugin directories when it restarts);
+* ``RegistrationServicer``: the plugin watcher's ``Registration`` service (``GetInfo`` and
+  ``NotifyRegistrationStatus``; kubernetes ``pkg/kubelet/pluginmanager``);
+* ``run_rpc``: an RPC body under the runner, its errors turned into the gRPC status the kubelet shows, its
+  duration and error code counted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+import grpc
+
+from hami_agent import log
+from hami_agent.deviceplugin.api import pluginregistration_pb2 as reg_pb2
+from hami_agent.deviceplugin.api import pluginregistration_pb2_grpc as reg_pb2_grpc
+from hami_agent.deviceplugin.budget import RpcBudget
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class DeadlineExceeded(RuntimeError):
+    pass
+
+
+class DeadlineRunner:
+    """Runs RPC bodies on a bounded pool, each with its own ``RpcBudget``; callers wait at most
+    ``deadline_s``. The body is ``fn(budget)``; its success must go through ``budget.commit`` when it
+    writes anything (Allocate), or simply be returned (read-only bodies)."""
+
+    def __init__(self, workers: int, deadline_s: float, *, reply_margin_s: float = 0.1,
+                 commit_margin_s: float = 0.25, api_timeout_s: float | None = None) -> None:
+        self.deadline_s = deadline_s
+        self.reply_margin_s = reply_margin_s
+        self.commit_margin_s = commit_margin_s
+        self.api_timeout_s = api_timeout_s
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc-body")
+
+    def budget(self, what: str) -> RpcBudget:
+        return RpcBudget(what, self.deadline_s, reply_margin_s=self.reply_margin_s,
+                         commit_margin_s=self.commit_margin_s, api_timeout_s=self.api_timeout_s)
+
+    def run(self, fn: Callable[[RpcBudget], T], what: str) -> T:
+        budget: RpcBudget[T] = self.budget(what)
+        fut = self._pool.submit(fn, budget)
+        try:
+            return fut.result(timeout=max(0.0, budget.remaining()))
+        except cf.TimeoutError:
+            committed, result = budget.answer_error()
+            if committed:  # the success write won the race: it is the truth, answer it
+                log.v(logger, 3, "%s committed at its deadline; answering the committed success", what)
+                return result  # type: ignore[return-value]
+            fut.cancel()  # no effect once running; a queued body is dropped
+            raise DeadlineExceeded(f"{what} did not finish within the {self.deadline_s:g}s deadline; failing "
+                                   "fast instead of blocking the kubelet (see hami-agent device-plugin logs)"
+                                   ) from None
+        except BaseException:
+            committed, result = budget.answer_error()
+            if committed:  # only a bug after the commit can get here; the success was written
+                logger.exception("%s raised after its success was committed; answering the success", what)
+                return result  # type: ignore[return-value]
+            raise
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def ident(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class SocketServer:
+    """One gRPC server on one unix socket, restartable, that notices when its socket file is gone."""
+
+    def __init__(self, path: str, add: Callable[[grpc.Server], None], workers: int, name: str) -> None:
+        self.path = path
+        self.add = add
+        self.workers = workers
+        self.name = name
+        self._server: grpc.Server | None = None
+        self._executor: cf.ThreadPoolExecutor | None = None
+        self._inode: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        if os.path.lexists(self.path):
+            os.unlink(self.path)  # stale socket of an earlier run
+        self._executor = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.name)
+        server = grpc.server(self._executor)
+        self.add(server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self._server = server
+        self._inode = ident(self.path)
+        if self._inode is None:
+            self.stop()
+            raise OSError(f"{self.name}: gRPC server did not create its socket {self.path}")
+
+    def socket_ok(self) -> bool:
+        return self._server is not None and self._inode is not None and ident(self.path) == self._inode
+
+    def stop(self, grace: float = 0.5) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait(grace + 1.0)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        if self._inode is not None and ident(self.path) == self._inode:  # never a newer instance's
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self._inode = None
+
+
+class RegistrationServicer(reg_pb2_grpc.RegistrationServicer):
+    """The plugin watcher's registration service: who we are (``type``: ``DevicePlugin`` or ``DRAPlugin``,
+    ``name``, the ``endpoint`` the kubelet dials, the versions served) and what the kubelet made of it."""
+
+    def __init__(self, plugin_type: str, name: str, endpoint: str, versions: Sequence[str],
+                 on_status: Callable[[bool, str], None]) -> None:
+        self.plugin_type = plugin_type
+        self.name = name
+        self.endpoint = endpoint
+        self.versions = list(versions)
+        self.on_status = on_status
+
+    def GetInfo(self, request, context):  # noqa: N802 - gRPC method name
+        return reg_pb2.PluginInfo(type=self.plugin_type, name=self.name, endpoint=self.endpoint,
+                                  supported_versions=self.versions)
+
+    def NotifyRegistrationStatus(self, request, context):  # noqa: N802
+        self.on_status(request.plugin_registered, request.error)
+        return reg_pb2.RegistrationStatusResponse()
+
+
+def run_rpc(runner: DeadlineRunner, what: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T],
+            expected: Mapping[type[BaseException], grpc.StatusCode],
+            record: Callable[[float, str], None] | None = None, log: logging.Logger | None = None) -> T:
+    """``body`` under ``runner``; a deadline, an error of a type in ``expected`` (logged, answered with its
+    status) or a bug (logged with its traceback, INTERNAL) aborts the RPC, so the kubelet gets an answer
+    and the server lives on. ``record(seconds, code)`` counts every call ("OK" or the status name).
+    ``log``: the calling plugin's logger, so a refusal is logged under the plugin that refused."""
+    log = log or logger
+    start = time.perf_counter()
+    code = "OK"
+    try:
+        return runner.run(body, what)
+    except DeadlineExceeded as exc:
+        code = "DEADLINE_EXCEEDED"
+        log.error("%s", exc)
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+    except tuple(expected) as exc:
+        status = next(st for kind, st in expected.items() if isinstance(exc, kind))
+        code = status.name
+        log.error("%s", exc)
+        context.abort(status, str(exc))
+    except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
+        code = "INTERNAL"
+        log.exception("%s failed unexpectedly", what)
+        context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
+    finally:
+        if record is not None:
+            record(time.perf_counter() - start, code)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+__all__ = ["DeadlineExceeded", "DeadlineRunner", "RegistrationServicer", "SocketServer", "ident", "run_rpc"]

@@ -1,0 +1,165 @@
+"""/bind waits for a busy node lock instead of failing: the next pod takes the lock the moment the
+previous pod's Allocate releases it.
+
+HAMi's node lock (``hami.io/mutex.lock``) is held from a pod's /bind until the device plugin's Allocate
+for that pod: Allocate finds its pod through the lock, and the kubelet admits one pod at a time. So pods
+bound to one node are serialized by design. HAMi's /bind fails at once with ``node lock contention`` when
+the lock is held; kube-scheduler then retries the pod after its backoff (1 s doubling to 10 s), and a
+40-pod job on one node takes minutes (Project-HAMi/HAMi#1367). Here a /bind that meets a lock held by a
+pod that is still being allocated parks itself in a per-node FIFO and is woken by the scheduler's node
+watch when the lock goes (or by its deadline); no handler thread waits meanwhile (the response is
+deferred, ``httpserve``), so waiting binds cannot starve /filter.
+
+Bounded: ``max_waiters`` in all (beyond: the contention error at once), each at most ``wait_s`` (then
+the contention error; kube-scheduler's extender call times out at 30 s), continuations on ``threads``
+threads. One waiter per node is woken per release: the others wait for the lock the woken one takes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from hami_agent import log
+from hami_agent.scheduler.state.nodelocks import NodeLocks
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(order=True)
+class _Waiter:
+    deadline: float
+    seq: int
+    node: str = field(compare=False)
+    resume: Callable[[bool], None] = field(compare=False)  # resume(timed_out)
+    done: bool = field(default=False, compare=False)
+
+
+class NodeLockWaiter:
+    def __init__(self, locks: NodeLocks, *, wait_s: float = 15.0, max_waiters: int = 4096, threads: int = 4,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``locks``: the node watch's locks (``state.nodelocks``): read here, and their releases wake us."""
+        self.locks = locks
+        self.wait_s = wait_s
+        self.max_waiters = max_waiters
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._queues: dict[str, deque[_Waiter]] = {}
+        self._deadlines: list[_Waiter] = []
+        self._seq = itertools.count()
+        self._count = 0
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bind-resume")
+        self._stop = False
+        self._timer = threading.Thread(target=self._expire_loop, name="bind-lock-deadlines", daemon=True)
+        self._timer.start()
+        locks.subscribe(self._released, self._gone)
+        self.waited = 0
+        self.timeouts = 0
+        self.refused = 0
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            waiters = [w for q in self._queues.values() for w in q if not w.done]
+            self._queues.clear()
+            self._cond.notify_all()
+        for w in waiters:
+            w.done = True
+            self._pool.submit(w.resume, True)
+        self._pool.shutdown(wait=False)
+        self._timer.join(5)
+
+    # ------------------------------------------------------------------------------ node watch
+    def _released(self, node: str) -> None:
+        """The watch shows ``node`` without a lock: wake its first waiter."""
+        with self._cond:
+            self._wake_one(node)
+
+    def _gone(self, node: str) -> None:
+        with self._cond:
+            while node in self._queues:  # every waiter finds the node gone on its retry
+                self._wake_one(node)
+
+    def lock_of(self, node: str) -> str | None:
+        return self.locks.value(node)
+
+    # ------------------------------------------------------------------------------ binds
+    def wait(self, node: str, contended: str | None, resume: Callable[[bool], None]) -> bool:
+        """Park a bind that met ``contended`` on ``node``; ``resume(timed_out)`` runs on a pool thread
+        when the lock is gone (or at once if it already changed) or after ``wait_s``. False when full
+        (nothing parked: the caller answers the contention error)."""
+        with self._cond:
+            if self._stop or self._count >= self.max_waiters:
+                self.refused += 1
+                return False
+            w = _Waiter(self._clock() + self.wait_s, next(self._seq), node, resume)
+            self._queues.setdefault(node, deque()).append(w)
+            heapq.heappush(self._deadlines, w)
+            self._count += 1
+            self.waited += 1
+            self._cond.notify_all()
+            current = self.locks.value(node)  # read after parking: a release from now on wakes us anyway
+            if current is None or (contended is not None and current != contended):
+                self._wake_one(node)  # released (or taken by someone else) while we were parking
+        return True
+
+    def done(self, node: str) -> None:
+        """A resumed bind finished without keeping the lock (it failed): let the next waiter try."""
+        with self._cond:
+            if self.locks.value(node) is None:
+                self._wake_one(node)
+
+    def waiting(self, node: str | None = None) -> int:
+        with self._cond:
+            if node is None:
+                return self._count
+            return sum(1 for w in self._queues.get(node, ()) if not w.done)
+
+    # ------------------------------------------------------------------------------ machinery
+    def _wake_one(self, node: str) -> None:
+        q = self._queues.get(node)
+        while q:
+            w = q.popleft()
+            if w.done:
+                continue
+            w.done = True
+            self._count -= 1
+            if not q:
+                del self._queues[node]
+            log.v(logger, 4, "node %s lock free: resuming a waiting bind", node)
+            self._pool.submit(w.resume, False)
+            return
+        self._queues.pop(node, None)
+
+    def _expire_loop(self) -> None:
+        with self._cond:
+            while not self._stop:
+                now = self._clock()
+                while self._deadlines and (self._deadlines[0].done or self._deadlines[0].deadline <= now):
+                    w = heapq.heappop(self._deadlines)
+                    if w.done:
+                        continue
+                    w.done = True
+                    self._count -= 1
+                    q = self._queues.get(w.node)
+                    if q is not None:
+                        try:
+                            q.remove(w)
+                        except ValueError:
+                            pass
+                        if not q:
+                            del self._queues[w.node]
+                    self.timeouts += 1
+                    self._pool.submit(w.resume, True)
+                wait = self._deadlines[0].deadline - now if self._deadlines else 1.0
+                self._cond.wait(max(0.01, min(wait, 1.0)))
+
+
+__all__ = ["NodeLockWaiter"]
