@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one benchmark read top to bottom (runs, variants, report, CLI).
 """The provisioning half at fleet size (issue 26, item 3): ``playbooks/site.yml`` converged over 25, 50 and
 100 SIMULATED GPU nodes on this machine, and a projection of a converged 1,000-node run.
 
