@@ -153,26 +153,28 @@ class RegistrationServicer(reg_pb2_grpc.RegistrationServicer):
 
 def run_rpc(runner: DeadlineRunner, what: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T],
             expected: Mapping[type[BaseException], grpc.StatusCode],
-            record: Callable[[float, str], None] | None = None) -> T:
+            record: Callable[[float, str], None] | None = None, log: logging.Logger | None = None) -> T:
     """``body`` under ``runner``; a deadline, an error of a type in ``expected`` (logged, answered with its
     status) or a bug (logged with its traceback, INTERNAL) aborts the RPC, so the kubelet gets an answer
-    and the server lives on. ``record(seconds, code)`` counts every call ("OK" or the status name)."""
+    and the server lives on. ``record(seconds, code)`` counts every call ("OK" or the status name).
+    ``log``: the calling plugin's logger, so a refusal is logged under the plugin that refused."""
+    log = log or logger
     start = time.perf_counter()
     code = "OK"
     try:
         return runner.run(body, what)
     except DeadlineExceeded as exc:
         code = "DEADLINE_EXCEEDED"
-        logger.error("%s", exc)
+        log.error("%s", exc)
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
     except tuple(expected) as exc:
         status = next(st for kind, st in expected.items() if isinstance(exc, kind))
         code = status.name
-        logger.error("%s", exc)
+        log.error("%s", exc)
         context.abort(status, str(exc))
     except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
         code = "INTERNAL"
-        logger.exception("%s failed unexpectedly", what)
+        log.exception("%s failed unexpectedly", what)
         context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
     finally:
         if record is not None:

@@ -114,7 +114,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 self.metrics.rpc_errors.labels(method, self.resource, code).inc()
 
         return run_rpc(self.runner, f"{method} for '{self.resource}'", context, body,
-                       {AllocationError: grpc.StatusCode.UNKNOWN}, record)
+                       {AllocationError: grpc.StatusCode.UNKNOWN}, record, log=logger)
 
     def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
         return OPTIONS

@@ -98,7 +98,7 @@ class _DraServicer:
                     self.metrics.rpc_errors.labels(method, code).inc()
 
         return run_rpc(self.runner, f"{method} of driver {self.driver}", context, body,
-                       {PrepareBusy: grpc.StatusCode.UNAVAILABLE}, record)
+                       {PrepareBusy: grpc.StatusCode.UNAVAILABLE}, record, log=logger)
 
     def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC method name
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
