@@ -97,3 +97,24 @@ def test_the_webhook_travels_without_the_scheduler_s_state():
     assert twin.config == hook.config and hook.quota is not None  # the original is untouched
     bare = portable_webhook(Webhook(SchedulerConfig()))
     assert (bare.quota, bare.namespace_labels) == (None, None)
+
+
+def _serving(*argv: str) -> dict:
+    import argparse
+
+    from hami_agent.scheduler.serve import cmd
+
+    p = argparse.ArgumentParser()
+    cmd.add_arguments(p)
+    return cmd.build_serving(p.parse_args(list(argv)))
+
+
+def test_the_flags_choose_the_process_only_where_the_verbs_have_their_own_listener():
+    on = _serving("--extender-bind-address", "127.0.0.1:9444")
+    assert (on["public_process"], on["public_nice"]) == (True, 10)
+    assert _serving("--extender-bind-address", "127.0.0.1:9444", "--public-listener-process",
+                    "false")["public_process"] is False
+    assert _serving()["public_process"] is False  # one listener for everything: nothing to separate
+    assert _serving("--public-listener-nice", "0")["public_nice"] == 0
+    with pytest.raises(ValueError, match="--public-listener-nice 20: want 0 to 19"):
+        _serving("--public-listener-nice", "20")
