@@ -118,3 +118,26 @@ def test_the_flags_choose_the_process_only_where_the_verbs_have_their_own_listen
     assert _serving("--public-listener-nice", "0")["public_nice"] == 0
     with pytest.raises(ValueError, match="--public-listener-nice 20: want 0 to 19"):
         _serving("--public-listener-nice", "20")
+
+
+def test_a_slow_question_does_not_hold_up_an_answer_already_known():
+    here, there = socket.socketpair()
+    asker, server = Channel(here, 10), Channel(there, None)
+    release = threading.Event()
+
+    def labels(ns):
+        if ns == "slow":
+            release.wait(10)
+        return {"ns": ns}
+
+    threading.Thread(target=server.serve, args=({"labels": labels},), daemon=True).start()
+    remote = Remote(asker, "labels", ttl_s=60)
+    assert remote("known") == {"ns": "known"}
+    slow = threading.Thread(target=remote, args=("slow",), daemon=True)
+    slow.start()
+    done = threading.Event()
+    threading.Thread(target=lambda: (remote("known"), done.set()), daemon=True).start()
+    assert done.wait(5)  # answered from what the child keeps while "slow" is still asked
+    release.set()
+    slow.join(5)
+    asker.close()

@@ -142,6 +142,11 @@ class Remote:
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
+        hit = self._cache.get(args)  # a fresh answer needs no lock: a slow question holds up only misses
+        if hit is not None and hit[0] > time.monotonic():
+            if not hit[1]:
+                raise hit[2]
+            return hit[2]
         with self._lock:  # one question at a time: the others find its answer here
             hit = self._cache.get(args)
             now = time.monotonic()
