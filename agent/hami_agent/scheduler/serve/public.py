@@ -12,10 +12,10 @@ With those threads in another process the same flood left the arrival-to-read ti
 figures. (Numbers: ``python -m benchmarks webhook_flood``; docs/security.md.)
 
 So with ``--extender-bind-address`` the scheduler runs the public listeners (``--bind-address``: webhook,
-/validate, health, readiness, metrics; ``--metrics-bind``) in a child process, started and watched by
-the scheduler process, which keeps
-kube-scheduler's listener and everything the verbs decide with (the child's entry point is
-``scheduler.serve.publicchild``). What the child serves:
+/validate, health, readiness, metrics; ``--metrics-bind``) in a child process at nice 10
+(``--public-listener-nice``: on busy CPUs the kernel runs the verbs first), started and watched by the
+scheduler process, which keeps kube-scheduler's listener and everything the verbs decide with (the
+child's entry point is ``scheduler.serve.publicchild``). What the child serves:
 
 - the listening sockets are bound by the scheduler process and inherited (a port in use fails at start,
   as before; port 0 is known before the child runs; a restarted child serves the same sockets);
