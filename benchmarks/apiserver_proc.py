@@ -26,16 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", required=True)
     p.add_argument("--history", type=int, default=200_000)
     p.add_argument("--bookmark-interval", type=float, default=5.0)
+    p.add_argument("--port", type=int, default=0, help="listen on 127.0.0.1:PORT (default: any free port)")
     args = p.parse_args(argv)
     from tests.sim.apiserver import ApiServer
 
     out = Path(args.dir)
-    api = ApiServer(history_limit=args.history, bookmark_interval_s=args.bookmark_interval).start()
+    api = ApiServer(port=args.port, history_limit=args.history,
+                    bookmark_interval_s=args.bookmark_interval).start()
     stop = threading.Event()
     dump = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: dump.set())
+    (out / "pid").write_text(f"{os.getpid()}\n")
     tmp = out / "kubeconfig.tmp"
     tmp.write_text(Path(api.kubeconfig_path).read_text())
     os.replace(tmp, out / "kubeconfig")
@@ -54,6 +57,24 @@ def main(argv: list[str] | None = None) -> int:
                 api.accounting.reset()
     api.close()
     return 0
+
+
+def read_accounting(workdir: str | Path, reset: bool = False, pid: int | None = None,
+                    timeout_s: float = 10.0) -> dict:
+    """Ask the server process of ``workdir`` (its pid: ``pid``, else ``workdir/pid``) for its accounting:
+    requests since the last reset. Usable from another process (the fleet benchmark's callback plugin)."""
+    wd = Path(workdir)
+    target = wd / "accounting.json"
+    before = target.stat().st_mtime_ns if target.exists() else 0
+    if reset:
+        (wd / "reset").touch()
+    os.kill(pid if pid is not None else int((wd / "pid").read_text()), signal.SIGUSR1)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if target.exists() and target.stat().st_mtime_ns != before and not (wd / "reset").exists():
+            return json.loads(target.read_text())
+        time.sleep(0.02)
+    raise RuntimeError("API server process did not answer the accounting request")
 
 
 class ApiServerProcess:
@@ -79,17 +100,7 @@ class ApiServerProcess:
 
     def accounting(self, reset: bool = False) -> dict:
         """Requests since the last reset (``reset=True`` starts a new window after reading)."""
-        target = self.dir / "accounting.json"
-        before = target.stat().st_mtime_ns if target.exists() else 0
-        if reset:
-            (self.dir / "reset").touch()
-        self.proc.send_signal(signal.SIGUSR1)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            if target.exists() and target.stat().st_mtime_ns != before and not (self.dir / "reset").exists():
-                return json.loads(target.read_text())
-            time.sleep(0.02)
-        raise RuntimeError("API server process did not answer the accounting request")
+        return read_accounting(self.dir, reset=reset, pid=self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

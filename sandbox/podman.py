@@ -44,22 +44,38 @@ def running(name: str) -> bool:
     return proc.returncode == 0 and proc.stdout.strip() == "true"
 
 
-def run_node(name: str, image: str, volumes: Sequence[tuple[Path | str, str, str]]) -> None:
+def cli(*args: str, timeout_s: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
+    """``podman ARGS`` with a deadline; PodmanError on a timeout or (``check``) a non-zero exit."""
+    return _podman(*args, timeout_s=timeout_s, check=check)
+
+
+def run_node(
+    name: str,
+    image: str,
+    volumes: Sequence[tuple[Path | str, str, str]],
+    *,
+    label: str = CONTAINER_LABEL,
+    ulimits: Sequence[str] = ULIMITS,
+    extra: Sequence[str] = (),
+    create_only: bool = False,
+) -> None:
     """Start container ``name`` (hostname = name) with systemd, host network and the bind mounts
-    ``(host, container, opts)``."""
+    ``(host, container, opts)``. ``label``/``ulimits``/``extra`` (more ``podman run`` options) serve other
+    users of the same node shape (benchmarks/fleet); ``create_only`` creates it without starting it."""
     args = [
-        "run",
-        "-d",
+        "create" if create_only else "run",
+        *([] if create_only else ["-d"]),
         "--name",
         name,
         "--hostname",
         name,
         "--label",
-        CONTAINER_LABEL,
+        label,
         "--systemd=always",
         "--network",
         "host",
-        *ULIMITS,
+        *ulimits,
+        *extra,
     ]
     for host, ctr, opts in volumes:
         args += ["-v", f"{host}:{ctr}" + (f":{opts}" if opts else "")]
@@ -112,8 +128,8 @@ def remove(name: str) -> bool:
     return True
 
 
-def sandbox_containers() -> list[str]:
-    proc = _podman("ps", "-a", "--filter", f"label={CONTAINER_LABEL}", "--format", "json", check=False)
+def sandbox_containers(label: str = CONTAINER_LABEL) -> list[str]:
+    proc = _podman("ps", "-a", "--filter", f"label={label}", "--format", "json", check=False)
     try:
         return sorted(n for c in json.loads(proc.stdout or "[]") for n in c.get("Names", []))
     except ValueError:
