@@ -26,9 +26,15 @@ extender configured as in HAMi's chart (``filterVerb: filter``, ``bindVerb: bind
   count (allocatable minus the requests of bound and assumed pods; least allocated first), rejected with
   ``Insufficient nvidia.com/gpu`` by NodeResourcesFit otherwise.
 
-Gaps: no other kube-scheduler plugins (affinity, volumes, ...; only NodeUnschedulable and
-TaintToleration are modelled), no preemption, no prioritize calls, no priorities in the queue (FIFO).
-Pods with
+* NodeResourcesFit on cpu, memory and the pod count (where the node's allocatable names them; the
+  extender's managed resources are ``ignoredByScheduler``, the count resource is checked without an
+  extender); the queue pops the pod of highest priority first;
+* preemption as kube-scheduler v1.35.4's DefaultPreemption, PostFilter after a failed cycle, the
+  extender's ``preemptVerb`` (``preempt_verb=``) included, nominated pods counted by later cycles
+  (``kube_scheduler_preemption.py``; ``preemption=False`` turns it off).
+
+Gaps: no other kube-scheduler plugins (affinity, volumes, ...), no prioritize calls; the preemption
+simplifications are listed in ``kube_scheduler_preemption.py`` and docs/testing.md. Pods with
 ``spec.resourceClaims`` go to the DRA allocator when one is given (``dra=DraAllocator(client)``,
 ``tests/sim/dra_allocator.py``); such a pod that also asks for HAMi resources is not sent to the extender.
 
@@ -52,6 +58,7 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.sim import kube_scheduler_preemption as pre
 from tests.sim import kube_scheduler_queue as qu
 
 logger = logging.getLogger("tests.sim.kube_scheduler")
@@ -301,7 +308,8 @@ class KubeSchedulerSim:
                  max_backoff_s: float = 10.0, max_in_unschedulable_s: float = 300.0,
                  unschedulable_flush_s: float = 30.0, backoff_flush_s: float | None = None,
                  http_timeout_s: float = 30.0, post_events: bool = True, max_binding: int = 256,
-                 count_resource: str = "nvidia.com/gpu", dra: Any = None) -> None:
+                 count_resource: str = "nvidia.com/gpu", dra: Any = None, preemption: bool = True,
+                 preempt_verb: str | None = None, preemption_offset: int = 0) -> None:
         self.client = client
         self.dra = dra  # tests/sim/dra_allocator.DraAllocator: pods with spec.resourceClaims
         self.extender_url = extender_url
@@ -323,6 +331,13 @@ class KubeSchedulerSim:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._assumed: dict[str, tuple[str, int]] = {}  # key -> (node, count request) while binding
+        self._assumed_pods: dict[str, dict] = {}  # key -> the assumed pod (its requests hold the node)
+        # the nominator (backend/queue/nominator.go): key -> (nominated node, pod)
+        self.nominator: dict[str, tuple[str, dict]] = {}
+        # DefaultPreemption (kube_scheduler_preemption.py); ``preempt_verb``: the extender's preemptVerb
+        self.preempt_verb = preempt_verb
+        self._cycle = threading.local()  # the scheduling cycle's snapshot of pods per node
+        self.preemption = pre.Evaluator(self, preemption_offset) if preemption else None
         self.pod_informer: Any = None
         self.node_informer: Any = None
         self.bound: dict[str, str] = {}  # "ns/name" -> node
@@ -393,6 +408,8 @@ class KubeSchedulerSim:
         if (new.get("spec") or {}).get("nodeName"):
             with self._lock:  # the informer confirms an assumed pod (cache.AddPod/UpdatePod)
                 self._assumed.pop(key, None)
+                self._assumed_pods.pop(key, None)
+                self.nominator.pop(key, None)
             if not (old.get("spec") or {}).get("nodeName"):
                 self.queue.delete(key)  # bound (by us, or by someone else)
             return  # assigned-pod updates move only pods with affinity terms: none modelled
@@ -404,16 +421,128 @@ class KubeSchedulerSim:
             return
         if self._pending(new):
             self.queue.update(key, new, _spec_changed(old, new))
+            self._update_nominator(key, old, new)
         else:
             self.queue.delete(key)
+            self._forget_nomination(key, old)
 
     def _on_pod_delete(self, pod: dict) -> None:
         with self._lock:
             self._assumed.pop(pod_key(pod), None)
+            self._assumed_pods.pop(pod_key(pod), None)
         if (pod.get("spec") or {}).get("nodeName"):
             self.queue.move_all(qu.ASSIGNED_POD_DELETE)
         else:
             self.queue.delete(pod_key(pod))
+            self._forget_nomination(pod_key(pod), pod)
+
+    # ------------------------------------------------------------------------------- nominations
+    def _update_nominator(self, key: str, old: dict, new: dict) -> None:
+        """``nominator.UpdateNominatedPod`` and ``updatePodInSchedulingQueue``: the status decides, except
+        that an update without a nomination on either side keeps the one held in memory; a nomination
+        that changed moves the pods of lower or equal priority (eventhandlers.go)."""
+        was = (old.get("status") or {}).get("nominatedNodeName") or ""
+        now = (new.get("status") or {}).get("nominatedNodeName") or ""
+        with self._lock:
+            if not was and not now:
+                if key in self.nominator:
+                    self.nominator[key] = (self.nominator[key][0], new)
+            elif now:
+                self.nominator[key] = (now, new)
+            else:
+                self.nominator.pop(key, None)
+        if was and was != now:
+            self.queue.move_all(qu.ASSIGNED_POD_DELETE, max_priority=qu.pod_priority(old))
+
+    def _forget_nomination(self, key: str, pod: dict) -> None:
+        """A nominated pending pod went (``deletePodFromSchedulingQueue``)."""
+        with self._lock:
+            held = self.nominator.pop(key, None)
+        if held is not None or (pod.get("status") or {}).get("nominatedNodeName"):
+            self.queue.move_all(qu.ASSIGNED_POD_DELETE, max_priority=qu.pod_priority(pod))
+
+    def nominated_pods(self, node: str) -> list[dict]:
+        with self._lock:
+            return [p for n, p in self.nominator.values() if n == node]
+
+    def set_nomination(self, pod: dict, node: str) -> None:
+        """``AddNominatedPod``, then the status patch of ``handleSchedulingFailure`` or
+        ``clearNominatedNodeName`` (``""`` clears). The in-memory nomination first, so the next cycle
+        sees it before the watch does."""
+        key = pod_key(pod)
+        with self._lock:
+            if node:
+                self.nominator[key] = (node, pod)
+            else:
+                self.nominator.pop(key, None)
+        if ((pod.get("status") or {}).get("nominatedNodeName") or "") == node or self.client is None:
+            return
+        md = pod["metadata"]
+        try:
+            self.client.patch_pod_status(md.get("namespace", "default"), md["name"],
+                                         {"nominatedNodeName": node or None})
+        except Exception as exc:  # noqa: BLE001 - upstream logs it and goes on
+            logger.warning("Error updating pod %s: %s", key, exc)
+
+    # ------------------------------------------------------------------------------- node views
+    def pods_by_node(self) -> dict[str, list[dict]]:
+        """The pods the scheduler's cache holds per node: bound ones as the informer shows them (the
+        terminating included) and assumed ones it does not show bound yet. One pass over the pods."""
+        held: dict[str, list[dict]] = {}
+        seen = set()
+        for p in self.pod_informer.list():
+            n = (p.get("spec") or {}).get("nodeName")
+            if n:
+                held.setdefault(n, []).append(p)
+                seen.add(pod_key(p))
+        with self._lock:
+            for key, (n, _count) in self._assumed.items():
+                if key not in seen and key in self._assumed_pods:
+                    held.setdefault(n, []).append(self._assumed_pods[key])
+        return held
+
+    def node_pods(self, node: str) -> list[dict]:
+        """``pods_by_node()[node]``, from the scheduling cycle's snapshot while one runs (as upstream's
+        ``nodeInfoSnapshot``), else computed now."""
+        snap = getattr(self._cycle, "pods", None)
+        return list((snap if snap is not None else self.pods_by_node()).get(node, []))
+
+    def checked_resources(self) -> tuple[str, ...]:
+        """What NodeResourcesFit looks at: the extender's managed resources are ``ignoredByScheduler``."""
+        return ("pods", "cpu", "memory") + ((self.count_resource,) if self.extender_url is None else ())
+
+    def framework_fit(self, pod: dict, node: dict, held: list[dict]) -> pre.Status | None:
+        """``RunFilterPluginsWithNominatedPods``: NodeUnschedulable and TaintToleration
+        (UnschedulableAndUnresolvable), then NodeResourcesFit over ``held`` plus the pods nominated to the
+        node with a priority at least the pod's (not the pod itself). None: the node passes."""
+        reason = node_filter_reason(pod, node)
+        if reason is not None:
+            return pre.Status(pre.UNRESOLVABLE, [reason])
+        key, prio = pod_key(pod), qu.pod_priority(pod)
+        nominated = [p for p in self.nominated_pods(node["metadata"]["name"])
+                     if qu.pod_priority(p) >= prio and pod_key(p) != key]
+        return pre.resource_fit(pod, node, held + nominated, self.checked_resources())
+
+    def interested(self, pod: dict) -> bool:
+        return wants_extender(pod)
+
+    def post_extender(self, verb: str, body: Any) -> Any:
+        ext = self._extender()
+        try:
+            return ext.post(verb, body)
+        finally:
+            self._clients.put(ext)
+
+    def list_pdbs(self) -> list[dict]:
+        """policy/v1 PodDisruptionBudgets (listed at each preemption; upstream reads an informer)."""
+        if self.client is None:
+            return []
+        try:
+            return self.client.call("GET", "/apis/policy/v1/poddisruptionbudgets", verb="list",
+                                    kind="poddisruptionbudgets").get("items") or []
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("listing PodDisruptionBudgets failed: %s", exc)
+            return []
 
     def _on_node_update(self, old: dict, new: dict) -> None:
         event = node_change(old, new)
@@ -445,8 +574,9 @@ class KubeSchedulerSim:
                 self.schedule_one(pod, qp)
             except Exception as exc:  # an extender/API failure: kube-scheduler retries after backoff
                 logger.warning("Error scheduling pod %s: %s", qp.key, exc)
-                self._record_failure(pod, f"{exc}")
                 self.queue.failed(qp)
+                self.set_nomination(pod, "")  # not a FitError: no PostFilter, nomination cleared
+                self._record_failure(pod, f"{exc}")
 
     def filter_nodes(self, pod: dict) -> tuple[list[str], dict[str, str]]:
         """kube-scheduler's own filters: (nodes that pass, {node: reason} for those that do not)."""
@@ -494,66 +624,120 @@ class KubeSchedulerSim:
 
     def schedule_one(self, pod: dict, qp: qu.QueuedPod | None = None) -> bool:
         """One scheduling cycle; the binding cycle runs on its own thread. False when the cycle failed."""
+        self._cycle.pods = self.pods_by_node()
+        try:
+            return self._schedule_one(pod, qp)
+        finally:
+            self._cycle.pods = None
+
+    def _schedule_one(self, pod: dict, qp: qu.QueuedPod | None) -> bool:
         md = pod["metadata"]
-        names, filtered = self.filter_nodes(pod)
-        total = len(names) + len(filtered)
+        nodes = {n["metadata"]["name"]: n for n in self.node_informer.list()}
+        total = len(nodes)
         if not total:
             self._record_failure(pod, "0/0 nodes are available: no nodes available to schedule pods.")
             if qp is not None:
                 self.queue.failed(qp)
             return False
-        if not names:
-            self._record_failure(pod, fit_error_message(total, filtered))
-            if qp is not None:
-                self.queue.failed(qp, frozenset({qu.NODE_UNSCHEDULABLE}))
-            return False
         if self.dra is not None and self.dra.wants(pod):  # DRA claims: tests/sim/dra_allocator.py
+            names, filtered = self.filter_nodes(pod)
+            if not names:
+                self._record_failure(pod, fit_error_message(total, filtered))
+                if qp is not None:
+                    self.queue.failed(qp, frozenset({qu.NODE_UNSCHEDULABLE}))
+                return False
             ok = bool(self.dra.schedule(self, pod, names))
             if qp is not None:
                 (self.queue.done if ok else self.queue.failed)(qp)
             return ok
         use_extender = self.extender_url is not None and wants_extender(pod)
-        if use_extender:
-            ext = self._extender()
-            try:
+        node = self._evaluate_nominated(pod, nodes, use_extender)
+        statuses: dict[str, pre.Status] = {}
+        plugins: set[str] = set()
+        if node is None:
+            for name, n in nodes.items():  # the framework's filters
+                st = self.framework_fit(pod, n, self.node_pods(name))
+                if st is not None:
+                    statuses[name] = st
+                    plugins.add(qu.NODE_UNSCHEDULABLE if st.code == pre.UNRESOLVABLE and not any(
+                        r.startswith(("Insufficient ", "Too many pods")) for r in st.reasons)
+                                else qu.NODE_RESOURCES_FIT)
+            names = sorted(n for n in nodes if n not in statuses)
+            if names and use_extender:
                 self.filter_calls += 1
-                result = ext.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
-            finally:
-                self._clients.put(ext)
-            err = _get(result, "Error")
-            if err:
-                self._record_failure(pod, err)
-                if qp is not None:
-                    self.queue.failed(qp)  # an error: no rejector, backoffQ
-                return False
-            chosen = _get(result, "NodeNames") or []
-            if not chosen:
-                failed = dict(filtered)
-                failed.update(_get(result, "FailedNodes") or {})
-                failed.update(_get(result, "FailedAndUnresolvableNodes") or {})
-                self._record_failure(pod, fit_error_message(total, failed))
-                if qp is not None:
-                    self.queue.failed(qp, frozenset({qu.EXTENDER}))
-                return False
-            node = chosen[0]  # with one extender and no scorers, the single node it returns wins
-        elif wants_extender(pod, (self.count_resource,)):
-            node, failed = self._fit_counts(pod, names)
-            failed.update(filtered)
-            if node is None:
-                self._record_failure(pod, fit_error_message(total, failed))
-                if qp is not None:
-                    self.queue.failed(qp, frozenset({qu.NODE_RESOURCES_FIT}))
-                return False
-        else:
-            counts = Counter((p.get("spec") or {}).get("nodeName") for p in self.pod_informer.list())
-            node = min(names, key=lambda n: (counts.get(n, 0), n))
+                result = self.post_extender("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+                err = _get(result, "Error")
+                if err:  # not a FitError: no PostFilter, the nomination is cleared, backoffQ
+                    if qp is not None:
+                        self.queue.failed(qp)
+                    self.set_nomination(pod, "")
+                    self._record_failure(pod, err)
+                    return False
+                chosen = _get(result, "NodeNames") or []
+                if chosen:
+                    node = chosen[0]  # with one extender and no scorers, the single node it returns wins
+                else:  # FailedNodes: Unschedulable; FailedAndUnresolvableNodes: UnschedulableAndUnresolvable
+                    for name, why in (_get(result, "FailedNodes") or {}).items():
+                        statuses[name] = pre.Status(pre.UNSCHEDULABLE, [why])
+                    for name, why in (_get(result, "FailedAndUnresolvableNodes") or {}).items():
+                        statuses[name] = pre.Status(pre.UNRESOLVABLE, [why])
+                    plugins.add(qu.EXTENDER)
+            elif names and wants_extender(pod, (self.count_resource,)):
+                node, _failed = self._fit_counts(pod, names)  # least allocated of the nodes that fit
+                node = node or names[0]
+            elif names:
+                counts = Counter((p.get("spec") or {}).get("nodeName") for p in self.pod_informer.list())
+                node = min(names, key=lambda n: (counts.get(n, 0), n))
+        if node is None:
+            self._fit_failure(pod, qp, total, statuses, frozenset(plugins))
+            return False
         key = pod_key(pod)
         with self._lock:
             self._assumed[key] = (node, pod_requests(pod, self.count_resource))
+            self._assumed_pods[key] = pod
+            self.nominator.pop(key, None)  # schedule_one.go assume: DeleteNominatedPodIfExists
         self._binding.acquire()
         threading.Thread(target=self._binding_cycle, args=(pod, node, qp, use_extender),
                          name=f"bind-{md['name']}", daemon=True).start()
         return True
+
+    def _evaluate_nominated(self, pod: dict, nodes: dict[str, dict], use_extender: bool) -> str | None:
+        """``evaluateNominatedNode``: a pod nominated by an earlier preemption tries that node first, with
+        the framework's filters and the extender (given that one node); a failure here is only logged."""
+        name = (pod.get("status") or {}).get("nominatedNodeName")
+        if not name or name not in nodes:
+            return None
+        if self.framework_fit(pod, nodes[name], self.node_pods(name)) is not None:
+            return None
+        if not use_extender:
+            return name
+        try:
+            self.filter_calls += 1
+            result = self.post_extender("filter", {"Pod": pod, "Nodes": None, "NodeNames": [name]})
+        except Exception as exc:  # noqa: BLE001 - "Evaluation failed on nominated node"
+            logger.warning("Evaluation failed on nominated node pod=%s node=%s: %s", pod_key(pod), name, exc)
+            return None
+        if _get(result, "Error"):
+            return None
+        return name if name in (_get(result, "NodeNames") or []) else None
+
+    def _fit_failure(self, pod: dict, qp: qu.QueuedPod | None, total: int, statuses: dict[str, pre.Status],
+                     plugins: frozenset[str]) -> None:
+        """A ``FitError``: PostFilter (DefaultPreemption), then ``handleSchedulingFailure``: the queue, the
+        nomination (kept, cleared or set as PostFilter says), the ``FailedScheduling`` event whose text
+        is ``FitError.Error()`` with the PostFilter message at its end."""
+        post_msg = ""
+        outcome = None
+        if self.preemption is not None:
+            outcome = self.preemption.post_filter(pod, statuses, total)
+            post_msg = outcome.status.message
+        if qp is not None:
+            self.queue.failed(qp, plugins)
+        if outcome is not None and outcome.nominate is not None:
+            md = pod["metadata"]
+            latest = self.pod_informer.get(md.get("namespace", "default"), md["name"])
+            self.set_nomination(latest or pod, outcome.nominate)
+        self._record_failure(pod, pre.fit_error(total, statuses, post_filter=post_msg))
 
     def _binding_cycle(self, pod: dict, node: str, qp: qu.QueuedPod | None, use_extender: bool) -> None:
         md = pod["metadata"]
@@ -575,6 +759,7 @@ class KubeSchedulerSim:
         except Exception as exc:
             with self._lock:
                 self._assumed.pop(key, None)
+                self._assumed_pods.pop(key, None)
             self._record_failure(pod, str(exc) if str(exc).startswith("binding rejected") else
                                  f"binding rejected: {exc}")
             if qp is not None:
@@ -640,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-backoff", type=float, default=10.0)
     p.add_argument("--max-in-unschedulable", type=float, default=300.0,
                    help="podMaxInUnschedulablePodsDuration in seconds (default 300)")
+    p.add_argument("--preempt-verb", default=None, help="the extender's preemptVerb (default: none, as HAMi)")
+    p.add_argument("--no-preemption", action="store_true", help="no DefaultPreemption PostFilter")
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=0)
     args = p.parse_args(argv)
     from hami_agent import log
@@ -651,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
     client = KubeClient.from_kubeconfig(args.kubeconfig)
     sim = KubeSchedulerSim(client, args.extender, args.scheduler_name, workers=args.workers,
                            initial_backoff_s=args.initial_backoff, max_backoff_s=args.max_backoff,
-                           max_in_unschedulable_s=args.max_in_unschedulable)
+                           max_in_unschedulable_s=args.max_in_unschedulable,
+                           preemption=not args.no_preemption, preempt_verb=args.preempt_verb)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -4,8 +4,9 @@ rules that decide when a pod an extender refused is tried again.
 Modelled on kubernetes ``pkg/scheduler/backend/queue/scheduling_queue.go`` and ``backoff_queue.go``
 (``PriorityQueue``), ``pkg/scheduler/schedule_one.go`` and ``pkg/scheduler/eventhandlers.go``:
 
-* a new pending pod goes to **activeQ**; the scheduling cycle pops one pod at a time (FIFO here: every
-  pod has the same priority);
+* a new pending pod goes to **activeQ**; the scheduling cycle pops one pod at a time, the one of highest
+  priority first (``spec.priority``, 0 when unset), then the one that entered the queue earliest
+  (``queuesort/priority_sort.go`` ``Less``: priority, then ``QueuedPodInfo.Timestamp``);
 * a pod that failed with an **error** (no plugin rejected it: an extender or API error, a failed bind)
   goes to **backoffQ** (``determineSchedulingHintForInFlightPod``: "No failed plugins are associated with
   this pod ... we should retry scheduling it");
@@ -34,16 +35,21 @@ Plugins' interest: the ``Extender`` rejector is moved by every event above; ``No
 extender-off mode's count check of extended resources) only by a node added, an allocatable change and an
 assigned pod deleted.
 
-Gaps: no priorities (FIFO), no PreEnqueue/scheduling gates, no nominated pods or preemption, no
-``SchedulerPopFromBackoffQ`` (v1.33+ pops backed-off pods when activeQ is empty: kinder than modelled).
+A nominated pod's nomination changing or the pod going (``eventhandlers.go`` ``updatePodInSchedulingQueue``
+and ``deletePodFromSchedulingQueue``) raises ``AssignedPodDelete`` for the pods of lower or equal priority
+only (``getLEPriorityPreCheck``): ``move_all(ASSIGNED_POD_DELETE, max_priority=...)``.
+
+Gaps: no PreEnqueue/scheduling gates (async preemption's gate included: the simulator's preemption runs
+synchronously), no ``SchedulerPopFromBackoffQ`` (v1.33+ pops backed-off pods when activeQ is empty: kinder
+than modelled).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -68,6 +74,12 @@ PLUGIN_EVENTS: dict[str, frozenset[str]] = {
 }
 
 ACTIVE, BACKOFF, UNSCHEDULABLE, IN_FLIGHT = "Active", "Backoff", "Unschedulable", "InFlight"
+
+
+def pod_priority(pod: dict) -> int:
+    """``corev1helpers.PodPriority``: ``spec.priority``, 0 when unset."""
+    value = ((pod or {}).get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass
@@ -109,7 +121,10 @@ class SchedulingQueue:
         self.backoff_flush_s = backoff_flush_s
         self._cond = threading.Condition()
         self._pods: dict[str, QueuedPod] = {}  # every pod the queue knows, wherever it is
-        self._active: OrderedDict[str, None] = OrderedDict()
+        # activeQ: a heap by (-priority, timestamp, seq); ``_active`` maps a key to its live entry's seq
+        self._active: dict[str, int] = {}
+        self._aheap: list[tuple[int, float, int, str]] = []
+        self._aseq = itertools.count()
         self._backoff: list[tuple[float, int, str]] = []  # (expiry, seq, key)
         self._seq = 0
         self.cycle = 0
@@ -157,7 +172,9 @@ class SchedulingQueue:
 
     def _to_active(self, qp: QueuedPod, why: str) -> None:
         qp.where = ACTIVE
-        self._active[qp.key] = None
+        seq = next(self._aseq)
+        self._active[qp.key] = seq
+        heapq.heappush(self._aheap, (-pod_priority(qp.pod), qp.timestamp, seq, qp.key))
         qp.history.append((self.clock(), ACTIVE, why))
         self._cond.notify_all()
 
@@ -219,8 +236,11 @@ class SchedulingQueue:
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._closed:
-                while self._active:
-                    key, _ = self._active.popitem(last=False)
+                while self._aheap:
+                    _prio, _ts, seq, key = heapq.heappop(self._aheap)
+                    if self._active.get(key) != seq:
+                        continue  # left activeQ, or queued again under a newer entry
+                    del self._active[key]
                     qp = self._pods.get(key)
                     if qp is None or qp.where != ACTIVE:
                         continue
@@ -263,15 +283,18 @@ class SchedulingQueue:
             return qp.where
 
     # ------------------------------------------------------------------------------ cluster events
-    def move_all(self, event: str, skip: str | None = None) -> int:
+    def move_all(self, event: str, skip: str | None = None, max_priority: int | None = None) -> int:
         """A cluster event: every unschedulable pod whose rejector cares about it moves to backoffQ or
-        activeQ; pods in flight go to backoffQ if their attempt fails (``moveRequestCycle``)."""
+        activeQ; pods in flight go to backoffQ if their attempt fails (``moveRequestCycle``).
+        ``max_priority``: only pods of at most that priority (a nomination that changed or went)."""
         with self._cond:
             now = self.clock()
             self.move_request_cycle = self.cycle
             moved = 0
             for qp in list(self._pods.values()):
                 if qp.where != UNSCHEDULABLE or qp.key == skip or not _interested(qp.plugins, event):
+                    continue
+                if max_priority is not None and pod_priority(qp.pod) > max_priority:
                     continue
                 self._requeue(qp, event, now)
                 moved += 1
@@ -318,5 +341,5 @@ class SchedulingQueue:
 
 
 __all__ = ["ACTIVE", "ASSIGNED_POD_DELETE", "BACKOFF", "EXTENDER", "IN_FLIGHT", "NODE_ADD",
-           "NODE_ALLOCATABLE", "NODE_RESOURCES_FIT", "NODE_UPDATE", "UNSCHEDULABLE", "UNSCHEDULABLE_TIMEOUT",
-           "QueuedPod", "SchedulingQueue"]
+           "NODE_ALLOCATABLE", "NODE_RESOURCES_FIT", "NODE_UPDATE", "UNSCHEDULABLE",
+           "UNSCHEDULABLE_TIMEOUT", "QueuedPod", "SchedulingQueue", "pod_priority"]

@@ -152,9 +152,10 @@ class HttpServer:
 
     def __init__(self, listeners: list[Listener], limits: Limits | None = None, name: str = "http",
                  pools: dict[str, Pool] | None = None, priority: Priority | None = None,
-                 prioritised: bool = False) -> None:
+                 prioritised: bool = False, sockets: dict[str, socket.socket] | None = None) -> None:
         """``priority`` shared by servers: this one's requests hold it (``prioritised``) or this one yields
-        to them."""
+        to them. ``sockets``: listening sockets already bound (by name of listener; e.g. inherited from the
+        process that bound them), used instead of binding ``host:port``; the server closes them at stop."""
         self.limits = limits or Limits()
         self.priority = priority
         self._holds = priority if prioritised else None
@@ -170,7 +171,10 @@ class HttpServer:
         self._socks: dict[str, socket.socket] = {}
         try:
             for lst in listeners:
-                self._socks[lst.name] = bind_socket(lst.host, lst.port)
+                given = (sockets or {}).get(lst.name)
+                if given is not None:
+                    given.setblocking(False)
+                self._socks[lst.name] = given if given is not None else bind_socket(lst.host, lst.port)
         except OSError as exc:
             for s in self._socks.values():
                 s.close()

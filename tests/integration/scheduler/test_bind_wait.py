@@ -99,3 +99,28 @@ def test_waiting_disabled_fails_at_once_like_hami(api_server):
         t0 = time.monotonic()
         assert "node lock contention" in bind(ext, p)["Error"]
         assert time.monotonic() - t0 < 5.0 and app.lock_waiter is None
+
+
+def test_a_lagging_node_watch_cannot_turn_the_wait_into_a_loop(api_server):
+    """The node watch shows gpu-1 free (a dropped stream, an API outage) while the API says it is locked.
+    Each wake then meets the lock again: the bind used to be woken at once every time, with a new deadline
+    each time (it never timed out) and a new Future chained to the last (the chaos soak ended in a
+    RecursionError when the lock finally went). Now the bind keeps its first deadline and its retries
+    back off."""
+    _locked_by_allocating_pod(api_server)
+    with extender(api_server, SchedulerConfig(bind_lock_wait_s=3.0)) as (app, ext):
+        p = create(api_server, gpu_pod("p", mem=1000))
+        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
+        app.sync.on_node_seen = lambda _node: None  # the watch stops showing gpu-1's lock...
+        app.extender.node_locks.on_node({"metadata": {"name": "gpu-1", "annotations": {}}})  # ...as if free
+        before = len(api_server.requests_matching("GET", r"/api/v1/nodes/gpu-1$"))
+        answer: dict[str, dict] = {}
+        t = threading.Thread(target=lambda: answer.update(p=bind(ext, p)))
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "the bind never answered: its wait was renewed on every retry"
+        assert "node lock contention" in answer["p"]["Error"]
+        reads = len(api_server.requests_matching("GET", r"/api/v1/nodes/gpu-1$")) - before
+        # 0.05 s doubling to 1 s within 3 s: about 7 tries; at once every time it was hundreds
+        assert 1 <= reads <= 15, reads
+        assert app.lock_waiter.waiting() == 0

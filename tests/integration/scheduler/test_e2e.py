@@ -66,7 +66,10 @@ def test_unschedulable_reasons_in_events(api_server):
         msgs = sorted(e["message"] for e in evs)
         assert msgs == ["1 nodes CardInsufficientMemory(gpu-1)", "1 nodes CardTypeMismatch(gpu-2)"]
         msg = next(m for k, m in sim.failures if k == "default/big")
-        assert msg == ("0/2 nodes are available: 1 1/1 CardInsufficientMemory, 1 1/1 CardTypeMismatch.")
+        # kube-scheduler's PostFilter (DefaultPreemption) adds its own finding: no pod of lower priority on
+        # either node (tests/sim/kube_scheduler_preemption.py)
+        assert msg == ("0/2 nodes are available: 1 1/1 CardInsufficientMemory, 1 1/1 CardTypeMismatch. "
+                       "preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.")
         assert not api_server.get("Pod", "default", "big")["spec"].get("nodeName")
 
 

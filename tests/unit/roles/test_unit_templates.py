@@ -145,6 +145,8 @@ def test_the_rendered_scheduler_flags_parse():
             assert serving["extender_bind"] == ("0.0.0.0", 9444)
             assert serving["auth"].allowed_cns == ("kube-scheduler",)
         assert (serving["peers"].max_connections, serving["peers"].max_inflight) == (128, 16)
+        assert serving["public_process"] is True  # the webhook's listeners in a process of their own
+        assert serving["public_nice"] == 10
     v = role_vars("hami_scheduler", hami_scheduler_allowed_sources=["10.0.0.0/24", "192.168.1.10"])
     argv = execstart(render("hami_scheduler", "hami-scheduler.service.j2", v)).split()[2:]
     args = p.parse_args(argv)
@@ -167,6 +169,7 @@ def test_loopback_bind_host_keeps_one_listener():
                   hami_scheduler_tls=False)
     cmd = execstart(render("hami_scheduler", "hami-scheduler.service.j2", v))
     assert "--bind-address 127.0.0.1:18080" in cmd and "--extender-bind-address" not in cmd
+    assert "--public-listener-process" not in cmd  # one listener: nothing to separate
     assert "--extender-auth loopback" in cmd and "--cert-file" not in cmd
     cfg = yaml.safe_load(render("hami_scheduler", "kube-scheduler-config.yaml.j2", v))
     ext = cfg["profiles"][0]["extenders"][0]

@@ -107,6 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extender-bind-address", default="",
                    help="separate listener for the extender verbs (e.g. 127.0.0.1:9444); --bind-address then "
                         "serves the webhook, health and metrics only")
+    p.add_argument("--public-listener-process", choices=("true", "false"), default="true",
+                   help="with --extender-bind-address: serve --bind-address (webhook, /validate, health, "
+                        "metrics) and --metrics-bind from a child process, so that nothing sent there holds "
+                        "the interpreter lock the extender verbs need (default true)")
+    p.add_argument("--public-listener-nice", type=int, default=10,
+                   help="nice increment of that process (0-19, default 10): under a flood the verbs, and "
+                        "everything else on the host, get the CPU first; the webhook still gets its share")
     p.add_argument("--client-ca-file", default="",
                    help="mtls: CA that signs kube-scheduler's client certificate")
     p.add_argument("--extender-allowed-cns", default="",
@@ -180,6 +187,8 @@ def build_serving(args: argparse.Namespace) -> dict:
         raise ValueError(f"--max-connections {args.max_connections}: want at least 16")
     if not 1 <= args.request_workers <= 256:
         raise ValueError(f"--request-workers {args.request_workers}: want 1 to 256")
+    if not 0 <= args.public_listener_nice <= 19:
+        raise ValueError(f"--public-listener-nice {args.public_listener_nice}: want 0 to 19")
     if args.max_connections_per_peer < 1 or args.max_requests_per_peer < 1:
         raise ValueError("--max-connections-per-peer and --max-requests-per-peer: want at least 1")
     if args.extender_auth == "mtls" and not (args.client_ca_file and args.cert_file and args.key_file):
@@ -195,7 +204,9 @@ def build_serving(args: argparse.Namespace) -> dict:
                     max_queued=4 * args.request_workers, max_body=args.max_body_bytes)
     peers = PeerLimits(max_connections=args.max_connections_per_peer, max_inflight=args.max_requests_per_peer,
                        allowed_sources=parse_cidrs(args.allowed_sources))
-    return {"auth": auth, "extender_bind": ext, "limits": limits, "peers": peers}
+    return {"auth": auth, "extender_bind": ext, "limits": limits, "peers": peers,
+            "public_process": args.public_listener_process == "true" and ext is not None,
+            "public_nice": args.public_listener_nice}
 
 
 def run(args: argparse.Namespace) -> int:

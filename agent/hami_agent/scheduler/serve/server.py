@@ -15,12 +15,16 @@ handler sees them. Listeners:
 Listeners that cannot starve each other (issue 27 item 2): the public listeners (``main``, ``metrics``)
 and the verbs' ``extender`` listener are two ``HttpServer``s, each with its own event-loop thread,
 connection budget, handler threads and queue, so nothing sent to the webhook's address takes anything
-kube-scheduler's calls need. When the verbs share ``main`` (no ``--extender-bind-address``) they still
-run on a pool of their own. The public listeners cap what one client address may hold (``PeerLimits``:
-connections, requests in flight) and ``main`` optionally admits only ``--allowed-sources``."""
+kube-scheduler's calls need; with ``public_process`` (``--public-listener-process``, the scheduler's
+default when the verbs have their own listener) the public ones are served by a child process
+(``scheduler.serve.public``), so that their threads cannot hold the interpreter lock the verbs' threads
+need either. When the verbs share ``main`` (no ``--extender-bind-address``) they still run on a pool of
+their own. The public listeners cap what one client address may hold (``PeerLimits``: connections,
+requests in flight) and ``main`` optionally admits only ``--allowed-sources``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,10 +38,11 @@ from hami_agent.httpserve import listener_is_loopback as is_loopback
 from hami_agent.httpserve.jsonbody import RepeatedArray, parse_json
 from hami_agent.httpserve.model import PeerLimits
 from hami_agent.httpserve.ops import healthz_route, metrics_route
-from hami_agent.httpserve.server import Pool, Priority, Stats
+from hami_agent.httpserve.server import Pool, Priority, Stats, bind_socket
 from hami_agent.httpserve.tls import server_context
 from hami_agent.scheduler.serve import auth as authn
 from hami_agent.scheduler.serve import profiling, shapes
+from hami_agent.scheduler.serve.public import ChannelClosed, PublicProcess, portable_webhook
 from hami_agent.scheduler.verbs.args import parse_prioritize_args
 from hami_agent.scheduler.verbs.extender import BadRequest
 
@@ -85,7 +90,11 @@ class ExtenderHTTPServer:
                  auth: authn.AuthConfig | authn.Authenticator | None = None,
                  extender_bind: tuple[str, int] | None = None, metrics_bind: tuple[str, int] | None = None,
                  limits: Limits | None = None, name: str = "hami-scheduler",
-                 peers: PeerLimits | None = None) -> None:
+                 peers: PeerLimits | None = None, public_process: bool = False, public_nice: int = 0,
+                 sockets: dict | None = None, public_only: bool = False) -> None:
+        """``public_process`` (with ``extender_bind``): the public listeners run in a child process
+        (``scheduler.serve.public``); ``sockets`` and ``public_only`` are that child's: listening sockets
+        it inherited, and no verbs here."""
         json_routes: dict[str, Callable[[Any], Any]] = dict(routes or {})
         validated: set[str] = set()
         if extender is not None:
@@ -105,7 +114,10 @@ class ExtenderHTTPServer:
         mode = auth.mode if auth is not None else config.mode
         verb_paths = {p for p in json_routes if p.strip("/") in VERBS}
         verbs_host = extender_bind[0] if extender_bind else host
-        self._check_auth_placement(mode, verbs_host, bool(extender_bind), cert_file)
+        self._public_only = public_only
+        self._public_nice = public_nice
+        if not public_only:
+            self._check_auth_placement(mode, verbs_host, bool(extender_bind), cert_file)
         self.auth = auth if isinstance(auth, authn.Authenticator) else authn.build(
             config, client=getattr(extender, "client", None))
         self.registry = registry
@@ -164,22 +176,36 @@ class ExtenderHTTPServer:
         # two servers, two event loops: kube-scheduler's listener shares no thread, queue or connection
         # budget with the listeners the network reaches; and while one of kube-scheduler's requests is
         # read or handled, the public listeners' threads yield the interpreter to it (Priority)
+        # with public_process the public listeners are another process's (scheduler/serve/public.py): their
+        # threads cannot hold the interpreter lock that the verbs' threads need
+        split = public_process and bool(extender_bind)
         servers: list[HttpServer] = []
-        priority = Priority() if extender_bind else None
+        priority = Priority() if extender_bind and not split else None
+        self._public: PublicProcess | None = None
+        self._public_socks: dict = {}
         try:
             if extender_bind:
                 servers.append(HttpServer([verbs_listener], self.limits, name=f"{name}-verbs",
                                           priority=priority, prioritised=True))
-            pools = {"verbs": self._verbs_pool} if self._verbs_pool is not None else None
-            servers.append(HttpServer(listeners, self.limits, name=name, pools=pools, priority=priority))
+            if split:
+                self._public_socks = self._bind_public(listeners)
+                self._public = self._public_process(
+                    webhook, routes or {}, verb_paths, registry, host, port, cert_file, key_file,
+                    profiling_enabled, metrics_bind, name, peers)
+            else:
+                pools = {"verbs": self._verbs_pool} if self._verbs_pool is not None else None
+                servers.append(HttpServer(listeners, self.limits, name=name, pools=pools, priority=priority,
+                                          sockets=sockets))
         except BaseException:
             for srv in servers:
                 srv.stop()
+            for sock in self._public_socks.values():
+                sock.close()
             if self._verbs_pool is not None:
                 self._verbs_pool.shutdown()
             raise
         self._servers = servers
-        self._server = servers[-1]  # main (+ metrics)
+        self._server = servers[-1]  # main (+ metrics); the verbs' server when the public ones are a process
         self._verbs_server = servers[0] if extender_bind else self._server
         self._extender_listener = "extender" if extender_bind else "main"
         if shared_verbs and not is_loopback(host):
@@ -187,6 +213,48 @@ class ExtenderHTTPServer:
                            "handler threads, but not their own connections; set --extender-bind-address so "
                            "that nothing sent to the webhook's address can delay kube-scheduler's calls",
                            host or "0.0.0.0")
+
+    @staticmethod
+    def _bind_public(listeners: list[Listener]) -> dict:
+        socks: dict = {}
+        try:
+            for lst in listeners:
+                socks[lst.name] = bind_socket(lst.host, lst.port)
+        except OSError as exc:
+            for s in socks.values():
+                s.close()
+            raise OSError(exc.errno, f"cannot listen on {lst.host or '0.0.0.0'}:{lst.port} ({lst.name}): "
+                                     f"{exc.strerror}") from exc
+        return socks
+
+    def _public_process(self, webhook: Any, routes: dict, verb_paths: set[str], registry: Any, host: str,
+                        port: int, cert_file: str | None, key_file: str | None, profiling_enabled: bool,
+                        metrics_bind: tuple[str, int] | None, name: str, peers: PeerLimits) -> PublicProcess:
+        """The child's recipe (pickled to it) and the questions it may ask this process."""
+        handlers: dict[str, Callable[..., Any]] = {"ready": self._ready_now}
+        if registry is not None:
+            from prometheus_client import generate_latest
+
+            handlers["metrics"] = lambda: generate_latest(registry)
+        own_webhook = webhook is not None and "/webhook" not in routes
+        if own_webhook:
+            if webhook.quota is not None:
+                handlers["quota"] = webhook.quota
+            if webhook.namespace_labels is not None:
+                handlers["labels"] = webhook.namespace_labels
+        spec = {"webhook": portable_webhook(webhook) if own_webhook else None,
+                "routes": {p: fn for p, fn in routes.items() if p not in verb_paths},
+                "registry": registry is not None, "host": host, "port": port, "cert_file": cert_file,
+                "key_file": key_file, "profiling": profiling_enabled, "max_body": self.limits.max_body,
+                "metrics_bind": metrics_bind, "limits": self.limits, "name": name, "peers": peers}
+        return PublicProcess(spec, self._public_socks, handlers, nice=self._public_nice)
+
+    def _ready_now(self) -> bool:
+        try:
+            return bool(self.ready())
+        except Exception as exc:
+            logger.warning("readiness check failed: %s", exc)
+            return False
 
     @staticmethod
     def _check_auth_placement(mode: str, verbs_host: str, separate: bool, cert_file: str | None) -> None:
@@ -208,15 +276,25 @@ class ExtenderHTTPServer:
     # -- properties and lifecycle
     @property
     def port(self) -> int:
+        if self._public is not None:
+            return self._public_socks["main"].getsockname()[1]
         return self._server.port("main")
+
+    @property
+    def public_pid(self) -> int | None:
+        """The process serving the public listeners when it is not this one."""
+        return self._public.pid if self._public is not None else None
 
     @property
     def extender_port(self) -> int:
         return self._verbs_server.port(self._extender_listener)
 
     def _url(self, listener: str, tls: bool) -> str:
-        srv = self._verbs_server if listener == "extender" else self._server
-        host, port = srv.address(listener)
+        if listener != "extender" and self._public is not None:
+            host, port = self._public_socks[listener].getsockname()[:2]
+        else:
+            srv = self._verbs_server if listener == "extender" else self._server
+            host, port = srv.address(listener)
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         host = f"[{host}]" if ":" in host else host
         return f"{'https' if tls else 'http'}://{host}:{port}"
@@ -236,10 +314,17 @@ class ExtenderHTTPServer:
         total = Stats()
         for srv in self._servers:
             total = total + srv.stats
+        if self._public is not None:
+            total = total + self.public_stats
         return total
 
     @property
     def public_stats(self) -> Stats:
+        if self._public is not None:  # asked of the child process (nothing while it is not running)
+            try:
+                return Stats(**self._public.call("stats"))
+            except ChannelClosed:
+                return Stats()
         return self._server.stats
 
     @property
@@ -248,18 +333,29 @@ class ExtenderHTTPServer:
 
     @property
     def open_connections(self) -> int:
-        return sum(srv.open_connections for srv in self._servers)
+        n = sum(srv.open_connections for srv in self._servers)
+        if self._public is not None:
+            with contextlib.suppress(ChannelClosed):
+                n += int(self._public.call("open_connections"))
+        return n
 
     def start(self) -> ExtenderHTTPServer:
+        if self._public is not None:
+            self._public.start()
         for srv in self._servers:
             srv.start()
-        logger.info("scheduler listening on %s (extender verbs on %s, --extender-auth=%s)", self.url,
-                    self.extender_url, self.auth.mode)
+        if self._public_only:
+            logger.info("public listeners (webhook, health, metrics) on %s", self.url)
+        else:
+            logger.info("scheduler listening on %s (extender verbs on %s, --extender-auth=%s)", self.url,
+                        self.extender_url, self.auth.mode)
         return self
 
     def stop(self) -> None:
         for srv in self._servers:
             srv.stop()
+        if self._public is not None:
+            self._public.stop()
         if self._verbs_pool is not None:
             self._verbs_pool.shutdown()
 

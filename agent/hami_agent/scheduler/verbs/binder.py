@@ -95,6 +95,7 @@ class Binder:
         self.watched_node: Callable[[str], dict | None] | None = None
         self._lock = threading.Lock()
         self._active: set[str] = set()  # uids with a /bind in progress
+        self._lock_waits: dict[str, tuple[float, int]] = {}  # uid -> (its wait's deadline, waits so far)
         self._in_doubt: dict[str, str] = {}  # uid -> node of a binding whose outcome is unknown
 
     def in_doubt(self, uid: str) -> bool:
@@ -131,6 +132,7 @@ class Binder:
     def _inactive(self, uid: str) -> None:
         with self._lock:
             self._active.discard(uid)
+            self._lock_waits.pop(uid, None)
 
     def _checked(self, b: BindArgs, fresh: bool) -> dict | tuple[dict, FilterDecision | None]:
         """The pod and this extender's decision for it, or the refusal to answer. ``fresh=False``: the
@@ -213,8 +215,11 @@ class Binder:
     def _wait_for_lock(self, b: BindArgs, busy: NodeLockError) -> dict | Future:
         """Park the bind until the node's lock is released (``lockwait``); the Future resolves then."""
         fut: Future = Future()
-        log.v(logger, 4, "bind pod %s/%s: node %s is locked by %s; waiting for its release", b.namespace,
-              b.name, b.node, busy.holder)
+        with self._lock:  # one deadline per bind, however often it meets the lock again
+            deadline, attempt = self._lock_waits.get(b.uid) or (self.waiter.now() + self.waiter.wait_s, 0)
+            self._lock_waits[b.uid] = (deadline, attempt + 1)
+        log.v(logger, 4, "bind pod %s/%s: node %s is locked by %s; waiting for its release (wait %d)",
+              b.namespace, b.name, b.node, busy.holder, attempt + 1)
 
         def resume(timed_out: bool) -> None:
             try:
@@ -234,7 +239,7 @@ class Binder:
                 self.waiter.done(b.node)  # the lock stays free: the next waiter may try
             fut.set_result(out)
 
-        if not self.waiter.wait(b.node, self.waiter.lock_of(b.node), resume):
+        if not self.waiter.wait(b.node, self.waiter.lock_of(b.node), resume, deadline, attempt):
             return self.fail(b, None, f"{busy} (and too many binds are already waiting)")
         return fut
 

@@ -13,6 +13,10 @@ deferred, ``httpserve``), so waiting binds cannot starve /filter.
 Bounded: ``max_waiters`` in all (beyond: the contention error at once), each at most ``wait_s`` (then
 the contention error; kube-scheduler's extender call times out at 30 s), continuations on ``threads``
 threads. One waiter per node is woken per release: the others wait for the lock the woken one takes.
+A bind that meets the lock again after a wake keeps its first deadline (``wait``'s ``deadline``), and
+when the node watch does not show the lock it met (the watch lags: a dropped stream, an API outage) it is
+tried again after a delay that doubles up to ``RETRY_MAX_S`` instead of at once: a lagging watch cannot
+turn a wait into a loop of lock attempts.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from hami_agent.scheduler.state.nodelocks import NodeLocks
 
 logger = logging.getLogger(__name__)
 
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+
 
 @dataclass(order=True)
 class _Waiter:
@@ -40,6 +47,7 @@ class _Waiter:
     node: str = field(compare=False)
     resume: Callable[[bool], None] = field(compare=False)  # resume(timed_out)
     done: bool = field(default=False, compare=False)
+    final: bool = field(default=True, compare=False)  # False: ``deadline`` is a retry, not the time-out
 
 
 class NodeLockWaiter:
@@ -87,26 +95,45 @@ class NodeLockWaiter:
             while node in self._queues:  # every waiter finds the node gone on its retry
                 self._wake_one(node)
 
+    def now(self) -> float:
+        """The waiter's clock (deadlines passed to ``wait`` are on it)."""
+        return self._clock()
+
     def lock_of(self, node: str) -> str | None:
         return self.locks.value(node)
 
     # ------------------------------------------------------------------------------ binds
-    def wait(self, node: str, contended: str | None, resume: Callable[[bool], None]) -> bool:
+    def wait(self, node: str, contended: str | None, resume: Callable[[bool], None],
+             deadline: float | None = None, attempt: int = 0) -> bool:
         """Park a bind that met ``contended`` on ``node``; ``resume(timed_out)`` runs on a pool thread
-        when the lock is gone (or at once if it already changed) or after ``wait_s``. False when full
-        (nothing parked: the caller answers the contention error)."""
+        when the lock is gone (or at once if it already changed) or at ``deadline`` (default: ``wait_s``
+        from now). ``attempt``: how many times this bind already waited (its first ``deadline`` is kept);
+        from the second on, a watch that does not show ``contended`` means a retry after a growing delay.
+        False when full (nothing parked: the caller answers the contention error)."""
         with self._cond:
             if self._stop or self._count >= self.max_waiters:
                 self.refused += 1
                 return False
-            w = _Waiter(self._clock() + self.wait_s, next(self._seq), node, resume)
+            now = self._clock()
+            final = now + self.wait_s if deadline is None else deadline
+            if final <= now:
+                self.timeouts += 1
+                self._pool.submit(resume, True)
+                return True
+            current = self.locks.value(node)
+            moved = current is None or (contended is not None and current != contended)
+            wake_at, is_final = final, True
+            if moved and attempt > 0:  # the watch disagrees with the API again: retry later, not now
+                retry = min(RETRY_FIRST_S * 2 ** (attempt - 1), RETRY_MAX_S)
+                if now + retry < final:
+                    wake_at, is_final = now + retry, False
+            w = _Waiter(wake_at, next(self._seq), node, resume, final=is_final)
             self._queues.setdefault(node, deque()).append(w)
             heapq.heappush(self._deadlines, w)
             self._count += 1
             self.waited += 1
             self._cond.notify_all()
-            current = self.locks.value(node)  # read after parking: a release from now on wakes us anyway
-            if current is None or (contended is not None and current != contended):
+            if moved and attempt == 0:
                 self._wake_one(node)  # released (or taken by someone else) while we were parking
         return True
 
@@ -156,8 +183,9 @@ class NodeLockWaiter:
                             pass
                         if not q:
                             del self._queues[w.node]
-                    self.timeouts += 1
-                    self._pool.submit(w.resume, True)
+                    if w.final:
+                        self.timeouts += 1
+                    self._pool.submit(w.resume, w.final)
                 wait = self._deadlines[0].deadline - now if self._deadlines else 1.0
                 self._cond.wait(max(0.01, min(wait, 1.0)))
 
