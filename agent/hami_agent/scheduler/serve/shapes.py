@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hami_agent.httpserve import HTTPError
-from hami_agent.scheduler.verbs.args import names_known_valid
+from hami_agent.scheduler.verbs.args import field_ci, names_known_valid
 
 
 def _type(v: Any) -> str:
@@ -25,17 +25,6 @@ def _type(v: Any) -> str:
 
 def _bad(path: str, want: str, got: Any) -> HTTPError:
     return HTTPError(400, f"{path}: want {want}, got {_type(got)}")
-
-
-def get_ci(obj: dict, name: str) -> Any:
-    """``obj[name]`` with Go's case-insensitive field matching (exact spelling first)."""
-    if name in obj:
-        return obj[name]
-    low = name.lower()
-    for k, v in obj.items():
-        if isinstance(k, str) and k.lower() == low:
-            return v
-    return None
 
 
 def _obj(v: Any, path: str, required: bool = False) -> dict | None:
@@ -121,11 +110,11 @@ def validate_pod(pod: Any, path: str) -> None:
 def extender_args(body: Any) -> dict:
     """``ExtenderArgs`` (/filter, /prioritize): Pod, and NodeNames (nodeCacheCapable) or Nodes."""
     _obj(body, "ExtenderArgs", required=True)
-    pod = get_ci(body, "Pod")
+    pod = field_ci(body, "Pod")
     if pod is None:
         raise HTTPError(400, "ExtenderArgs.Pod: missing; kube-scheduler sends the pod being scheduled")
     validate_pod(pod, "ExtenderArgs.Pod")
-    names = _list(get_ci(body, "NodeNames"), "ExtenderArgs.NodeNames") or []
+    names = _list(field_ci(body, "NodeNames"), "ExtenderArgs.NodeNames") or []
     try:
         # the list kube-scheduler sent last time (a comparison), or C speed for its 5,000 names; a Python
         # loop cost ~0.5 ms per /filter
@@ -133,9 +122,9 @@ def extender_args(body: Any) -> dict:
     except TypeError:
         i, n = next((i, n) for i, n in enumerate(names) if not isinstance(n, str))
         raise _bad(f"ExtenderArgs.NodeNames[{i}]", "a node name (string)", n) from None
-    nodes = _obj(get_ci(body, "Nodes"), "ExtenderArgs.Nodes")
+    nodes = _obj(field_ci(body, "Nodes"), "ExtenderArgs.Nodes")
     if nodes is not None:
-        for i, n in enumerate(_list(get_ci(nodes, "items"), "ExtenderArgs.Nodes.items") or []):
+        for i, n in enumerate(_list(field_ci(nodes, "items"), "ExtenderArgs.Nodes.items") or []):
             _obj(n, f"ExtenderArgs.Nodes.items[{i}]", required=True)
             meta = _obj(n.get("metadata"), f"ExtenderArgs.Nodes.items[{i}].metadata", required=True)
             if not isinstance(meta.get("name"), str):
@@ -148,7 +137,7 @@ def binding_args(body: Any) -> dict:
     """``ExtenderBindingArgs`` (/bind): PodName, PodNamespace, PodUID, Node."""
     _obj(body, "ExtenderBindingArgs", required=True)
     for f in ("PodName", "PodNamespace", "PodUID", "Node"):
-        _str(get_ci(body, f), f"ExtenderBindingArgs.{f}")
+        _str(field_ci(body, f), f"ExtenderBindingArgs.{f}")
     return body
 
 
