@@ -32,9 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,16 +102,9 @@ def one_run(arrangement: tuple, run: int, window_s: float, windows: int, clients
                                  public_nice=arrangement[1])
         arrivals = _ArrivalMarks(srv._verbs_server)
         srv.start()
-        flood = subprocess.Popen(
-            ["nice", "-n", "19", sys.executable, "-m", "tests.integration.scheduler.flood", "--port",
-             str(srv.port), "--clients", str(clients), "--seconds", "600"]
-            + [a for s in iso.SOURCES for a in ("--source", s)],
-            cwd=iso.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            end = time.monotonic() + 30
-            while srv.stats.accepted < clients and time.monotonic() < end:  # every flood client connected
-                time.sleep(0.1)
-            c = iso.collect(srv, ext, flood, run, window_s=window_s, windows=windows)
+            with iso.flood_running(srv, clients, connect_s=30) as flood:
+                c = iso.collect(srv, ext, flood, run, window_s=window_s, windows=windows)
             c["verbs_busy"] = srv.verbs_stats.busy
             waits = arrivals.waits(c["samples"])
             c["arrival_on"] = [ms for t, ms in waits if c["window"](t) is True]
@@ -122,13 +112,6 @@ def one_run(arrangement: tuple, run: int, window_s: float, windows: int, clients
             del c["samples"], c["window"]
         finally:
             arrivals.restore()
-            if flood.poll() is None:
-                os.kill(flood.pid, signal.SIGCONT)
-                flood.terminate()
-                try:
-                    flood.wait(10)
-                except subprocess.TimeoutExpired:
-                    flood.kill()
             srv.stop()
             ext.healer.stop()
     return c

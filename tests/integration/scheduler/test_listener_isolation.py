@@ -24,6 +24,7 @@ its own); ``benchmarks/webhook_flood`` measures both arrangements in one run."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import inspect
 import json
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,6 +147,30 @@ def measure(srv: ExtenderHTTPServer, ext: Extender, flood: subprocess.Popen, run
             "flood_requests": c["flood_requests"]}
 
 
+@contextlib.contextmanager
+def flood_running(srv: ExtenderHTTPServer, clients: int, connect_s: float) -> Iterator[subprocess.Popen]:
+    """The flood (``flood.py``: ``clients`` keep-alive TLS clients over SOURCES, at nice 19) against
+    ``srv``'s public listener, once every client connected (or ``connect_s`` passed); ended on exit."""
+    flood = subprocess.Popen(
+        ["nice", "-n", "19", sys.executable, "-m", "tests.integration.scheduler.flood",
+         "--port", str(srv.port), "--clients", str(clients), "--seconds", "600"]
+        + [a for s in SOURCES for a in ("--source", s)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + connect_s
+        while srv.stats.accepted < clients and time.monotonic() < end:
+            time.sleep(0.1)
+        yield flood
+    finally:
+        if flood.poll() is None:
+            os.kill(flood.pid, signal.SIGCONT)  # measure() leaves it stopped
+            flood.terminate()
+            try:
+                flood.wait(10)
+            except subprocess.TimeoutExpired:
+                flood.kill()
+
+
 def test_a_webhook_flood_never_makes_filter_answer_503(tmp_path):
     (tmp_path / "pki").mkdir()
     pki = make_pki(tmp_path / "pki")
@@ -152,17 +178,10 @@ def test_a_webhook_flood_never_makes_filter_answer_503(tmp_path):
     srv = ExtenderHTTPServer(ext, Webhook(SchedulerConfig()), host="127.0.0.1", port=0,
                              cert_file=pki.server.cert, key_file=pki.server.key,
                              extender_bind=("127.0.0.1", 0), **PUBLIC_PROCESS).start()
-    flood = subprocess.Popen(
-        ["nice", "-n", "19", sys.executable, "-m", "tests.integration.scheduler.flood",
-         "--port", str(srv.port), "--clients", "200", "--seconds", "600"]
-        + [a for s in SOURCES for a in ("--source", s)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        end = time.monotonic() + 20
-        while srv.stats.accepted < 200 and time.monotonic() < end:  # every flood client connected
-            time.sleep(0.1)
-        assert srv.stats.accepted >= 200, srv.stats
-        r = measure(srv, ext, flood, 0)
+        with flood_running(srv, 200, connect_s=20) as flood:
+            assert srv.stats.accepted >= 200, srv.stats
+            r = measure(srv, ext, flood, 0)
         r["load_per_cpu"] = round(os.getloadavg()[0] / (os.cpu_count() or 1), 1)
         print(f"\nflood run: {r} (p99 under the flood / quiet p99: {r['p99_on'] / r['p99_off']:.1f}x)")
         assert set(r["codes"]) == {200}, r  # never a 503, never anything but 200
@@ -174,13 +193,6 @@ def test_a_webhook_flood_never_makes_filter_answer_503(tmp_path):
         assert public.parked > 0, public  # requests beyond an address's cap waited, unread
         assert public.errors == 0, public
     finally:
-        if flood.poll() is None:
-            os.kill(flood.pid, signal.SIGCONT)
-            flood.terminate()
-            try:
-                flood.wait(10)
-            except subprocess.TimeoutExpired:
-                flood.kill()
         srv.stop()
         ext.healer.stop()
 
