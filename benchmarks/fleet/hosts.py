@@ -28,13 +28,13 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.fleet import inventory as inv
 from sandbox import podman
+from sandbox.cluster import http_ok
 from sandbox.config import APT_REPO, GPUSIM_DIR, IMAGE
 
 REPO = inv.REPO
@@ -301,14 +301,6 @@ def container_cgroups(pid: int) -> list[str]:
         if (full / "cgroup.procs").exists():
             paths.append(str(full))
     return paths
-
-
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback only
-            return 200 <= resp.status < 300
-    except OSError:
-        return False
 
 
 def cgroup_cpu_s(parent: str = CGROUP_PARENT) -> float | None:
