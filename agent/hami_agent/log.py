@@ -73,3 +73,17 @@ def v(logger: logging.Logger, level: int, msg: str, *args: Any) -> None:
 def enabled(logger: logging.Logger, level: int) -> bool:
     """True when ``v(logger, level, ...)`` would print; use to skip building costly messages."""
     return logger.isEnabledFor(level_for(level))
+
+
+class WarnOnce:
+    """Warns each distinct text once. The NVML snapshot loops meet the same notes (and the same known-bad
+    driver) every few seconds; one line per change is what an operator reads."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._seen: set[str] = set()
+
+    def __call__(self, text: str) -> None:
+        if text not in self._seen:
+            self._seen.add(text)
+            self._logger.warning("%s", text, stacklevel=2)

@@ -85,3 +85,16 @@ def test_parser_for_one_subcommand_still_lists_every_subcommand(capsys):
     # a command line without a (known) subcommand gets the full parser
     full = cli.build_parser(["--help"])
     assert full.parse_args(["scheduler"]).run.__module__ == "hami_agent.scheduler.serve.cmd"
+
+
+def test_warn_once_logs_each_text_once_and_names_the_caller():
+    logger, stream = _capture(0)
+    warn = log.WarnOnce(logger)
+    for _ in range(3):
+        warn("driver 570.158.01 is a known-bad build")
+        warn("GPU 1: MIG profile unknown")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    first = KLOG_HEADER.match(lines[0])
+    assert first and first.group(1) == "W" and first.group(5) == "test_log_cli.py"
+    assert first.group(7) == "driver 570.158.01 is a known-bad build"

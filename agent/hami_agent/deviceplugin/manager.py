@@ -166,8 +166,7 @@ class DevicePluginManager:
         self.paused = False
         self.reregistrations = 0
         self._last_self_check = 0.0
-        self._warned_driver: str | None = None
-        self._notes_logged: set[str] = set()
+        self._warn_once = log.WarnOnce(logger)
         self._stream_losses: dict[str, _StreamLosses] = {}
         # shared with the node register loop (cmd.py): one file, one trust rule
         self.mig_lock = MigApplyLock(settings.mig_apply_lock, settings.mig_apply_lock_permissive,
@@ -226,18 +225,15 @@ class DevicePluginManager:
         status = getattr(snap, "status", "ok")
         driver = getattr(snap, "driver_version", None)
         bad = known_bad_drivers.lookup(driver)
-        if bad is not None and driver != self._warned_driver:
-            self._warned_driver = driver
-            logger.warning("driver %s is a known-bad build: %s (or later). This plugin keeps answering the "
-                           "kubelet from its last snapshot meanwhile", driver, bad["reason"])
+        if bad is not None:
+            self._warn_once(f"driver {driver} is a known-bad build: {bad['reason']} (or later). This plugin "
+                            "keeps answering the kubelet from its last snapshot meanwhile")
         notes: list[str] = []
         try:
             raw = plan_resources(snap, self.settings, notes)
             self._last_plan_error = None
             for note in notes:
-                if note not in self._notes_logged:
-                    self._notes_logged.add(note)
-                    logger.warning("%s", note)
+                self._warn_once(note)
         except PlanError as exc:
             if str(exc) != self._last_plan_error:
                 logger.error("%s", exc)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from hami_agent import known_bad_drivers
+from hami_agent import known_bad_drivers, log
 from hami_agent.deviceplugin.devices import PluginDevice, ResourcePlan
 from hami_agent.deviceplugin.health import HealthTracker
 from hami_agent.dra.checkpoint import Checkpoint
@@ -76,8 +76,7 @@ class DraDriver:
         self.paused = False
         self._stop = threading.Event()
         self._fatal: str | None = None
-        self._notes: set[str] = set()
-        self._warned_driver: str | None = None
+        self._warn_once = log.WarnOnce(logger)
         self._last_gc = time.monotonic()
         self.ready = threading.Event()  # first snapshot applied and the plugin serving
 
@@ -109,19 +108,16 @@ class DraDriver:
         status = getattr(snap, "status", "ok")
         drv = getattr(snap, "driver_version", None)
         bad = known_bad_drivers.lookup(drv)
-        if bad is not None and drv != self._warned_driver:
-            self._warned_driver = drv
-            logger.warning("driver %s is a known-bad build: %s (or later); prepares keep answering from "
-                           "memory meanwhile", drv, bad["reason"])
+        if bad is not None:
+            self._warn_once(f"driver {drv} is a known-bad build: {bad['reason']} (or later); prepares keep "
+                            "answering from memory meanwhile")
         notes: list[str] = []
         devices = build_devices(snap, self.settings.partition,
                                 memory_scaling=self.settings.device_memory_scaling,
                                 pre_configured_memory_mib=self.settings.pre_configured_device_memory,
                                 notes=notes)
         for note in notes:
-            if note not in self._notes:
-                self._notes.add(note)
-                logger.warning("%s", note)
+            self._warn_once(note)
         if status in ("stuck", "error") and not devices and self._published:
             detail = getattr(snap, "stuck_call", None) or getattr(snap, "error", None) or ""
             devices = degrade(self._published, f"nvml-{status} {detail}".strip())
