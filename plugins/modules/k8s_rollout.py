@@ -63,6 +63,21 @@ options:
     description: A first batch of one node.
     type: bool
     default: false
+  order:
+    description:
+      - With V(plan), the order batches fill in. V(spread) keeps the first node of O(nodes) as the canary,
+        then takes first the nodes of the failure domain or budget that needs the most batches still
+        (its nodes left over what one batch may hold of them), and among a domain's nodes those whose
+        budgets the previous batch did not use up. V(inventory) fills first-fit in the order of O(nodes).
+    type: str
+    choices: [spread, inventory]
+    default: spread
+  last_later:
+    description:
+      - With V(plan), the last of two or more batches is returned in C(deferred) instead, to be planned
+        again in the roll's next pass with the members that V(admit) held back (site.yml's pass 1).
+    type: bool
+    default: false
   resource:
     description:
       - The extended resource whose capacity counts a node's GPUs when the HAMi register annotation is absent.
@@ -82,7 +97,9 @@ options:
     type: bool
     default: true
   wait:
-    description: With V(admit), seconds to wait for at least one member to fit before answering.
+    description:
+      - With V(admit), seconds to wait before answering while no member fits, or while members that wait
+        would fit once replacement pods already placed for evicted pods of their budgets are Ready.
     type: int
     default: 0
 extends_documentation_fragment:
@@ -245,7 +262,13 @@ class Snapshot:
             nodes.append(_rollout.Node(
                 name, gpus=gpus, domain=self._domain(node, item), out=_rollout.node_out(node),
                 keeps_out=by == "operator", resume=bool(item and item.get("resume")), budgets=budgets))
-        return _rollout.Fleet(nodes, _rollout.allowed_disruptions(self.pdbs))
+        recovering = {}
+        for pods in self.pods.values():
+            for pod in pods:
+                if _rollout.pod_recovering(pod):
+                    for key in _rollout.budgets_of(pod, self.pdbs):
+                        recovering[key] = recovering.get(key, 0) + 1
+        return _rollout.Fleet(nodes, _rollout.allowed_disruptions(self.pdbs), recovering)
 
     def refusal(self, item, force, delete_emptydir_data):
         """Why this member's drain would refuse now (nothing written), or None."""
@@ -287,7 +310,8 @@ def plan(api, module):
     bounds = _bounds(module, items, fleet)
     roll = [fleet.nodes[i["name"]] for i in items]
     try:
-        result = _rollout.plan(roll, bounds, fleet)
+        result = _rollout.plan(roll, bounds, fleet, order=module.params["order"],
+                               last_later=module.params["last_later"])
     except _rollout.BoundError as exc:
         module.fail_json(msg=str(exc))
     doc = result.as_dict()
@@ -314,8 +338,11 @@ def admit(api, module):
         candidates = [i for i in items if i["name"] not in refused]
         fleet = snap.fleet(candidates)
         bounds = _bounds(module, items, fleet)
-        go, wait = _rollout.admit([fleet.nodes[i["name"]] for i in candidates], bounds, fleet)
-        if go or not wait or time.monotonic() + delay > deadline:
+        members = [fleet.nodes[i["name"]] for i in candidates]
+        go, wait = _rollout.admit(members, bounds, fleet)
+        # wait only while waiting may let more go: nobody fits, or budgets have replacements on their way
+        soon = _rollout.admit_soon(members, bounds, fleet) if go and wait else []
+        if not wait or (go and not soon) or time.monotonic() + delay > deadline:
             host = {i["name"]: i.get("host") or i["name"] for i in items}
         return {"go": go, "wait": wait, "refused": refused, "fleet": _fleet_summary(fleet),
                 "bounds": bounds.as_dict(),
@@ -335,6 +362,8 @@ def main():
             max_per_domain=dict(type="raw"),
             domain_label=dict(type="str", default=""),
             canary=dict(type="bool", default=False),
+            order=dict(type="str", default="spread", choices=list(_rollout.ORDERS)),
+            last_later=dict(type="bool", default=False),
             resource=dict(type="str", default="nvidia.com/gpu"),
             gpu_resources=dict(type="list", elements="str", default=["nvidia.com/"]),
             force=dict(type="bool", default=False),

@@ -345,7 +345,7 @@ class FakePlanner:
             self.name, self.gpus, self.domain, self.out, self.budgets = name, gpus, domain, out, budgets or {}
 
     class Fleet:
-        def __init__(self, nodes, allowed=None):
+        def __init__(self, nodes, allowed=None, recovering=None):
             self.nodes = {n.name: n for n in nodes}
             self.allowed = dict(allowed or {})
 
@@ -354,12 +354,13 @@ class FakePlanner:
             return sum(n.gpus for n in self.nodes.values())
 
     class Bounds:
-        def __init__(self, max_unavailable, max_per_domain):
+        def __init__(self, serial=1, max_unavailable=None, max_per_domain=None, canary=False):
+            self.serial, self.canary = serial, canary
             self.max_unavailable, self.max_per_domain = max_unavailable, max_per_domain
 
         @classmethod
         def read(cls, serial, max_unavailable, max_per_domain, canary, roll_size, fleet):
-            return cls(FakePlanner.resolve(max_unavailable, fleet.total_gpus, "x"), max_per_domain)
+            return cls(1, FakePlanner.resolve(max_unavailable, fleet.total_gpus, "x"), max_per_domain)
 
     @staticmethod
     def resolve(value, total, name, minimum=0):
@@ -377,7 +378,7 @@ class FakePlanner:
         budgets_ok = all(used.get(b, 0) + 1 <= fleet.allowed.get(b, 0) for b in node.budgets)
         return out <= bounds.max_unavailable and budgets_ok
 
-    def plan(self, nodes, bounds, fleet):
+    def plan(self, nodes, bounds, fleet, last_later=False):
         batches, pending = [], list(nodes)
         while pending:
             batch = []
