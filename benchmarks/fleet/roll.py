@@ -81,9 +81,11 @@ class Config:
     held_back: str = "later"             # admit's held-back nodes: a "later" pass (site.yml), "next" batch
     order: str = "planner"               # "planner" (its default, site.yml's), "inventory" (the planner's
                                          # first-fit in node-name order) or "budgets" (spread_by_budget)
-    last_later: bool = True              # pass 1 leaves its plan's last batch to pass 2 (site.yml)
+    leave_last: int = 2                  # pass 1 leaves its plan's last batches to pass 2 (site.yml: 2)
     budget_wait_s: float = 120.0         # site_rollout_budget_wait: admit's bounded wait (k8s_rollout's rule)
     admit_wait_s: float = 0.0            # before a batch, wait up to this long for all its members to fit
+    prefer_rolled: bool = False          # NOT site.yml: replacements go to rolled nodes first (as a
+                                         # PreferNoSchedule taint on the nodes still to roll would make them)
     pause_s: float = 0.0                 # site_rollout_pause: seconds between batches
 
 
@@ -124,6 +126,8 @@ class Cluster:
         self.cordoned: set[str] = set()
         self.keeps_out: set[str] = set()
         self.pending: list[str] = []
+        self.rolled: set[str] = set()    # with cfg.prefer_rolled: nodes whose window ended
+        self.evictions = 0
         self.timers: list[tuple[float, int, str, str]] = []   # (when, seq, what, pod)
         self._seq = 0
         self.out_per_domain: dict[str, int] = defaultdict(int)
@@ -186,6 +190,7 @@ class Cluster:
             if self.healthy(p):
                 self.budgets[p.budget].unhealthy += 1
         p.terminating = True
+        self.evictions += 1
         self._timer(self.cfg.termination_s, "gone", p.name)
         self.add(Pod(p.name + "'", p.budget, p.gpus, None, ready=False))  # the ReplicaSet replaces it
         return True
@@ -215,7 +220,10 @@ class Cluster:
         still = []
         for name in self.pending:
             p = self.pods[name]
-            node = next((n for free in range(p.gpus, self.cfg.gpus + 1) for n in self.by_free[free]), None)
+            fits = (n for free in range(p.gpus, self.cfg.gpus + 1) for n in self.by_free[free])
+            if self.cfg.prefer_rolled:
+                fits = iter(sorted(fits, key=lambda n: n not in self.rolled))  # stable: best fit within
+            node = next(fits, None)
             if node is None:
                 still.append(name)
                 continue
@@ -328,7 +336,8 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         total = rollout.resolve(cfg.max_unavailable, fleet.total_gpus, "max_unavailable") or fleet.total_gpus
         per_domain = max(1, math.ceil(total / cfg.gpus / cfg.domains))
     bounds = rollout.Bounds.read(cfg.serial, cfg.max_unavailable, per_domain, cfg.canary, len(roll), fleet)
-    planned = rollout.plan(nodes, bounds, fleet, **order, **({"last_later": True} if cfg.last_later else {}))
+    extra = {"leave_last": cfg.leave_last} if cfg.leave_last else {}
+    planned = rollout.plan(nodes, bounds, fleet, **order, **extra)
     # site.yml's later passes have no canary (tasks/site_roll_plan.yml)
     later_bounds = rollout.Bounds(bounds.serial, bounds.max_unavailable, bounds.max_per_domain, canary=False)
     queue = [list(b) for b in planned.batches]
@@ -396,6 +405,7 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
                         drained[n] = c.now
                 elif c.now >= drained[n] + window[n]:
                     done[n] = c.now
+                    c.rolled.add(n)
                     if n not in c.keeps_out:
                         c.uncordon(n)
             step(1.0)
@@ -412,7 +422,7 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         "hours": c.now / 3600.0, "deferred": dict(list(deferred.items())[:5]) if todo else {},
         "violations": len(violations), "first_violations": violations[:5],
         "peak": {k: v for k, v in peak.items() if not k.startswith("_")},
-        "pods": len(c.pods), "budgets": len(c.budgets),
+        "pods": len(c.pods), "budgets": len(c.budgets), "evictions": c.evictions,
         "batch_sizes": [b["nodes"] for b in batches],
         "per_batch": batches,
         "drain_max_s": max((b["drain_max_s"] for b in batches), default=0.0),

@@ -12,11 +12,12 @@ A batch is bounded by four things at once (docs/rollouts.md, "Batches"):
   unavailable to those being upgraded);
 * ``max_per_domain``: at most this many nodes of one failure domain (a zone, a rack, an NVLink domain)
   out at once, again counting the nodes of that domain that are already out;
-* PodDisruptionBudgets: a batch holds at most as many nodes with pods of one budget as that budget allows
-  disruptions right now (``status.disruptionsAllowed``). A node with several pods of one budget is still
-  one node: its drain evicts them one after another as the budget recovers (the Eviction API answers 429
-  meanwhile), which is what ``kubectl drain`` does; two such nodes in one batch would only sit cordoned,
-  waiting for each other.
+* PodDisruptionBudgets: the pods of one budget on a batch's nodes are at most as many as that budget
+  allows disruptions right now (``status.disruptionsAllowed``), so the batch's drains evict them at once
+  instead of waiting (the Eviction API answers 429) for replacements to become Ready while the whole
+  batch waits for its slowest drain. A node holding more of a budget's pods than it allows goes without
+  other nodes holding that budget: its drain evicts them one after another as the budget recovers, which
+  is what ``kubectl drain`` does.
 
 Batches after a plan's first leave one disruption of each budget that allows more than one unplanned
 (``RESERVE``): pods move between the plan and those batches' start.
@@ -29,11 +30,13 @@ joins a batch: its GPUs are out either way. Nodes that an earlier run of ours le
 Its order (``ORDERS``): ``spread`` (the default) keeps the first node of the given order as the canary and
 then, batch by batch, takes first the nodes of the constraint that needs the most batches still (its
 nodes left over what one batch may hold of them: a failure domain's room, a budget's allowed
-disruptions), so every domain and every budget spreads its nodes over the whole roll and the roll ends
-when its tightest constraint allows, not with a tail of one rack's nodes; ``inventory`` is first-fit in
-the given order. ``admit`` is the same rule at the start of a batch against the cluster as it is then:
-the members that fit go, the others wait for the roll's second pass; ``admit_soon`` says which of those
-would fit once the replacements already placed for evicted pods are Ready (worth a bounded wait).
+disruptions), and among equals those whose budgets the previous batch did not use up, so every domain
+and every budget spreads its nodes over the whole roll and the roll ends when its tightest constraint
+allows, not with a tail of one rack's nodes; ``inventory`` is first-fit in the given order. A pass may
+leave its plan's last batches to the next pass (``leave_last``), where the nodes held back at their
+batch's start fill their room. ``admit`` is the same rule at the start of a batch against the cluster as
+it is then: the members that fit go, the others wait for the roll's second pass; ``admit_soon`` says which
+of those would fit once the replacements already placed for evicted pods are Ready (worth a bounded wait).
 """
 
 from __future__ import annotations
@@ -160,11 +163,14 @@ def why_not(batch, node, bounds, fleet, used=None, reserve=0):
         allowed = fleet.allowed[key]
         if allowed > reserve:
             allowed -= reserve
-        if used.get(key, 0) + 1 > allowed:
-            holders = used.get(key, 0)
+        held = used.get(key, 0)
+        # a node with more of its pods than it allows goes without other holders (its drain evicts them
+        # one after another as the budget recovers)
+        if allowed <= 0 or (held > 0 and held + node.budgets[key] > allowed):
             return ("PodDisruptionBudget %s allows %d disruption(s) now%s" % (
                 key, max(allowed, 0),
-                (" and %d node(s) of this batch already hold its pods" % holders) if holders else ""))
+                (" and this batch's nodes already hold %d of its pods (this node %d)"
+                 % (held, node.budgets[key])) if held else ""))
     return None
 
 
@@ -173,7 +179,7 @@ def budget_use(batch):
     for n in batch:
         for key, count in n.budgets.items():
             if count > 0:
-                used[key] = used.get(key, 0) + 1
+                used[key] = used.get(key, 0) + count
     return used
 
 
@@ -217,23 +223,35 @@ ORDERS = ("spread", "inventory")
 RESERVE = 1
 
 
-def plan(nodes, bounds, fleet, order="spread", last_later=False):
+def plan(nodes, bounds, fleet, order="spread", leave_last=0):
     """Batches for ``nodes`` (in the order given; resume nodes are put first), first-fit under ``bounds``
     against ``fleet`` as it is now, in ``order`` (module docstring). A batch's nodes are assumed back in
     service before the next batch starts (the roll waits for them); ``admit`` checks that again when the
-    batch starts. ``last_later``: the last batch of two or more is not rolled in this pass but deferred to
-    the next one, which plans it again together with the nodes ``admit`` held back, so they fill its room
-    instead of adding batches of their own."""
+    batch starts. ``leave_last``: this many of the last batches (never all) are not rolled in this pass but
+    returned in ``deferred`` for the next one, which plans them again together with the nodes ``admit``
+    held back, so those fill their room instead of adding batches of their own."""
     if order not in ORDERS:
         raise BoundError("site_rollout_order=%r is not one of %s" % (order, ", ".join(ORDERS)))
     _check_feasible(nodes, bounds)
+    if isinstance(leave_last, bool) or not isinstance(leave_last, int) or leave_last < 0:
+        raise BoundError("leave_last=%r must be a count of batches (0 or more)" % (leave_last,))
+    result = _plan(nodes, bounds, fleet, order)
+    # never the whole plan: a pass that rolls nothing would only hand everything on
+    for _ in range(min(leave_last, len(result.batches) - 1)):
+        last = result.batches.pop()
+        result.notes.pop()
+        result.deferred.update((name, LEFT_LATER) for name in last)
+    return result
+
+
+def _plan(nodes, bounds, fleet, order):
     pending = [n for n in nodes if n.resume] + [n for n in nodes if not n.resume]
     given = {n.name: i for i, n in enumerate(pending)}
     used_up = set()  # budgets the previous batch used up: they allow nothing until its replacements are Ready
     result = Plan()
     while pending:
         cap = 1 if bounds.canary and not result.batches else bounds.serial
-        if order == "spread" and result.batches:  # the canary stays the first node of the given order
+        if order == "spread" and (result.batches or not bounds.canary):  # the canary: the first node given
             pending = spread(pending, bounds, fleet, given, used_up)
         batch, held = [], {}
         for node in pending:
@@ -261,15 +279,11 @@ def plan(nodes, bounds, fleet, order="spread", last_later=False):
         # those an operator had cordoned (their cordon stays)
         fleet = Fleet([_after_window(n) if n.name in names else n for n in fleet.nodes.values()],
                       fleet.allowed)
-    if last_later and len(result.batches) > 1:
-        last = result.batches.pop()
-        result.notes.pop()
-        result.deferred.update((name, LAST_LATER) for name in last)
     return result
 
 
-LAST_LATER = ("the plan's last batch: planned again in the next pass together with the nodes held back "
-              "at their batch's start")
+LEFT_LATER = ("one of the plan's last batches: planned again in the next pass together with the nodes "
+              "held back at their batch's start")
 
 
 def spread(pending, bounds, fleet, given, used_up=()):

@@ -19,8 +19,8 @@ description:
   - V(plan) lists nodes, pods and PodDisruptionBudgets once and splits O(nodes) into batches bounded by
     O(serial), O(max_unavailable) (GPUs out of service at once, counting those already out),
     O(max_per_domain) (nodes of one failure domain out at once) and the budgets' allowed disruptions
-    (a batch never holds more nodes with pods of one budget than it allows now). Nodes that fit no batch
-    now are returned in C(deferred) with the reason.
+    (a batch's nodes never hold more pods of one budget than it allows now, but for a node that alone
+    holds more). Nodes that fit no batch now are returned in C(deferred) with the reason.
   - V(admit) applies the same rule to one batch against the cluster as it is when the batch starts, and
     also checks what each member's drain would refuse (pods no controller manages, emptyDir data). It
     writes nothing. Members that do not fit wait, up to O(wait) seconds, polling with backoff.
@@ -72,12 +72,13 @@ options:
     type: str
     choices: [spread, inventory]
     default: spread
-  last_later:
+  leave_last:
     description:
-      - With V(plan), the last of two or more batches is returned in C(deferred) instead, to be planned
-        again in the roll's next pass with the members that V(admit) held back (site.yml's pass 1).
-    type: bool
-    default: false
+      - With V(plan), this many of the plan's last batches (never all of them) are returned in C(deferred)
+        instead, to be planned again in the roll's next pass together with the members that V(admit) held
+        back (site.yml's pass 1 leaves 2).
+    type: int
+    default: 0
   resource:
     description:
       - The extended resource whose capacity counts a node's GPUs when the HAMi register annotation is absent.
@@ -311,7 +312,7 @@ def plan(api, module):
     roll = [fleet.nodes[i["name"]] for i in items]
     try:
         result = _rollout.plan(roll, bounds, fleet, order=module.params["order"],
-                               last_later=module.params["last_later"])
+                               leave_last=module.params["leave_last"])
     except _rollout.BoundError as exc:
         module.fail_json(msg=str(exc))
     doc = result.as_dict()
@@ -363,7 +364,7 @@ def main():
             domain_label=dict(type="str", default=""),
             canary=dict(type="bool", default=False),
             order=dict(type="str", default="spread", choices=list(_rollout.ORDERS)),
-            last_later=dict(type="bool", default=False),
+            leave_last=dict(type="int", default=0),
             resource=dict(type="str", default="nvidia.com/gpu"),
             gpu_resources=dict(type="list", elements="str", default=["nvidia.com/"]),
             force=dict(type="bool", default=False),

@@ -378,7 +378,7 @@ class FakePlanner:
         budgets_ok = all(used.get(b, 0) + 1 <= fleet.allowed.get(b, 0) for b in node.budgets)
         return out <= bounds.max_unavailable and budgets_ok
 
-    def plan(self, nodes, bounds, fleet, last_later=False):
+    def plan(self, nodes, bounds, fleet, leave_last=0):
         batches, pending = [], list(nodes)
         while pending:
             batch = []
