@@ -344,8 +344,9 @@ def admit(members, bounds, fleet):
 
 def admit_soon(members, bounds, fleet):
     """The members ``admit`` holds back now that would go once every budget's replacements already placed
-    on a node are Ready (``fleet.recovering``): worth a bounded wait at the batch's start, where the others
-    (a budget with nothing on its way back, GPUs, domains) are not. Only a hint for how long to wait: what
+    on a node are Ready (``fleet.recovering``), when that lets more members go than now: worth a bounded
+    wait at the batch's start, where the others (a budget with nothing on its way back, GPUs, domains) are
+    not. Only a hint for how long to wait: what
     goes is always decided by ``admit`` against the budgets as they are."""
     go_now, _ = admit(members, bounds, fleet)
     if not fleet.recovering:
@@ -353,6 +354,8 @@ def admit_soon(members, bounds, fleet):
     soon = Fleet(fleet.nodes.values(),
                  {k: v + fleet.recovering.get(k, 0) for k, v in fleet.allowed.items()})
     go_later, _ = admit(members, bounds, soon)
+    if len(go_later) <= len(go_now):
+        return []  # waiting would only change who goes (another bound is full), not let more go
     return [n for n in go_later if n not in go_now]
 
 
