@@ -345,10 +345,10 @@ def admit(api, module):
         soon = _rollout.admit_soon(members, bounds, fleet) if go and wait else []
         if not wait or (go and not soon) or time.monotonic() + delay > deadline:
             host = {i["name"]: i.get("host") or i["name"] for i in items}
-        return {"go": go, "wait": wait, "refused": refused, "fleet": _fleet_summary(fleet),
-                "bounds": bounds.as_dict(),
-                "hosts": {"go": [host[n] for n in go], "wait": {host[n]: w for n, w in wait.items()},
-                          "refused": {host[n]: r for n, r in refused.items()}}}
+            return {"go": go, "wait": wait, "refused": refused, "fleet": _fleet_summary(fleet),
+                    "bounds": bounds.as_dict(),
+                    "hosts": {"go": [host[n] for n in go], "wait": {host[n]: w for n, w in wait.items()},
+                              "refused": {host[n]: r for n, r in refused.items()}}}
         time.sleep(delay)
         delay = min(delay * 2, 30.0)
 
