@@ -8,15 +8,17 @@ Everything but the planner is simulated here:
 - **Workloads** (``build``): training jobs (one pod of G GPUs per node, ``jobs_nodes`` nodes per job, a
   PodDisruptionBudget allowing one disruption), inference deployments (1-GPU pods, 2-4 per node, budgets of
   ``maxUnavailable: 20 %``), unprotected 1-GPU batch pods filling the fleet to ``utilization``.
-- **The roll** (site.yml's disruptive play): the batches ``plan`` makes; at each batch's start ``admit``
-  decides against the cluster as it is then, and the nodes it holds back go to a later pass. Each admitted
-  node is cordoned (out of service), then drained through the Eviction API: a Ready pod is evicted only
-  while its budget allows a disruption (``healthy - desiredHealthy > 0``; an unready one while the budget
-  is met), otherwise retried every ``retry_s``. An evicted pod terminates in ``termination_s``; its
-  ReplicaSet's replacement is Pending until a schedulable node has room (best fit: the fullest node that
-  fits, as a binpacking GPU scheduler places it; nothing preempts) and Ready ``pod_ready_s`` after it is
-  placed. Once the node is empty, the change and its gates take ``window_s`` (spread by ``window_jitter``),
-  then the node is uncordoned. Ansible's ``serial``: a batch ends when its last node does.
+- **The roll** (site.yml's disruptive play): the batches ``plan`` makes (pass 1 with the canary, leaving its
+  last two batches to pass 2); at each batch's start ``admit`` decides against the cluster as it is then,
+  waiting as ``k8s_rollout`` does (``admit_like_k8s_rollout``), and the nodes it holds back go to a later pass
+  (pass 2, planned again without a canary; a third pass would be a second site.yml run). Each admitted node is
+  cordoned (out of service), then drained through the Eviction API: a Ready pod is evicted only while its
+  budget allows a disruption (``healthy - desiredHealthy > 0``; an unready one while the budget is met),
+  otherwise retried every ``retry_s``. An evicted pod terminates in ``termination_s``; its ReplicaSet's
+  replacement is Pending until a schedulable node has room (best fit: the fullest node that fits, as a
+  binpacking GPU scheduler places it; nothing preempts) and Ready ``pod_ready_s`` after it is placed. Once the
+  node is empty, the change and its gates take ``window_s`` (spread by ``window_jitter``), then the node is
+  uncordoned. Ansible's ``serial``: a batch ends when its last node does.
 - **Checks**, every simulated second: GPUs out of service <= the planner's ``max_unavailable``, nodes out
   per failure domain <= ``max_per_domain``, every budget's healthy pods >= its desiredHealthy. Each breach
   is a violation (the goal is none).
