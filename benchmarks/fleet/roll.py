@@ -352,8 +352,8 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         c.tick(dt)
         _check(c, bounds, violations, peak)
 
-    last_start, deferred = 0.0, {}
-    while todo and c.now < cfg.limit_s and c.now - last_start < cfg.stall_s:
+    last_busy, deferred = 0.0, {}  # when a batch last started or ended: stall_s counts idle time from there
+    while todo and c.now < cfg.limit_s and c.now - last_busy < cfg.stall_s:
         if not queue:  # a later pass over what admit held back or the plan deferred
             fleet, nodes = planner_view(c, rollout, sorted(todo))
             again = rollout.plan(nodes, later_bounds, fleet, **order)
@@ -384,7 +384,8 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
                 queue[0] = [n for n in members if n in wait] + queue[0]
             else:
                 queue.append([n for n in members if n in wait])
-        last_start = c.now
+        if go:  # an admission that let nobody go is no progress
+            last_busy = c.now
         start = c.now
         window = {n: cfg.window_s * rng.uniform(1 - cfg.window_jitter, 1 + cfg.window_jitter) for n in go}
         for n in go:
@@ -412,6 +413,8 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
                         c.uncordon(n)
             step(1.0)
         todo -= set(done)
+        if go:
+            last_busy = c.now  # a batch longer than stall_s (20-min windows) is not a stall
         batches.append({"nodes": len(go), "held_back": len(wait), "start_s": start, "end_s": c.now,
                         "drain_max_s": max((drained[n] - start for n in drained), default=0.0),
                         "held_back_why": held_back_why(wait), "pass": passes})

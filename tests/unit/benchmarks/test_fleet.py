@@ -475,3 +475,12 @@ def test_the_simulated_roll_with_the_real_planner_keeps_every_bound() -> None:
     assert r["passes"] >= 2 and r["site_runs"] == 1     # pass 1 left its last batches to pass 2
     assert r["per_batch"][0]["nodes"] == 1               # the canary; pass 2 has none
     assert all(b["nodes"] > 1 for b in r["per_batch"] if b["pass"] == 2)
+
+
+def test_a_batch_longer_than_the_stall_limit_is_not_a_stall() -> None:
+    from benchmarks.fleet import roll
+
+    # 20-min windows: each batch outlasts stall_s (15 min); the roll used to end after its canary
+    cfg = roll.Config(nodes=60, domains=3, out_nodes=0, window_s=1200, serial="50%", max_unavailable="50%")
+    r = roll.simulate(cfg)
+    assert r["left"] == 0 and r["violations"] == 0 and r["batches"] >= 3
