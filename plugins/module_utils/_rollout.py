@@ -139,7 +139,7 @@ class Bounds:
 
 def why_not(batch, node, bounds, fleet, used=None, reserve=0):
     """Why ``node`` cannot join ``batch`` (a list of Nodes), or None when it can. ``used``: budget key ->
-    nodes of the batch with pods of that budget (computed from ``batch`` when not given). ``reserve``:
+    the batch's pods of that budget (``budget_use``; computed from ``batch`` when not given). ``reserve``:
     disruptions of a budget that allows more than that many left unplanned (``plan``'s later batches)."""
     names = {n.name for n in batch} | {node.name}
     if node.resume:
@@ -160,15 +160,17 @@ def why_not(batch, node, bounds, fleet, used=None, reserve=0):
     for key in sorted(node.budgets):
         if node.budgets[key] <= 0 or key not in fleet.allowed:
             continue
-        allowed = fleet.allowed[key]
+        allowed = now = fleet.allowed[key]
         if allowed > reserve:
             allowed -= reserve
         held = used.get(key, 0)
         # a node with more of its pods than it allows goes without other holders (its drain evicts them
         # one after another as the budget recovers)
         if allowed <= 0 or (held > 0 and held + node.budgets[key] > allowed):
-            return ("PodDisruptionBudget %s allows %d disruption(s) now%s" % (
-                key, max(allowed, 0),
+            return ("PodDisruptionBudget %s allows %d disruption(s) now%s%s" % (
+                key, max(now, 0),
+                (" (%d planned: the rest is kept for pods that move before this batch)" % allowed)
+                if allowed < now else "",
                 (" and this batch's nodes already hold %d of its pods (this node %d)"
                  % (held, node.budgets[key])) if held else ""))
     return None
@@ -346,8 +348,8 @@ def admit_soon(members, bounds, fleet):
     """The members ``admit`` holds back now that would go once every budget's replacements already placed
     on a node are Ready (``fleet.recovering``), when that lets more members go than now: worth a bounded
     wait at the batch's start, where the others (a budget with nothing on its way back, GPUs, domains) are
-    not. Only a hint for how long to wait: what
-    goes is always decided by ``admit`` against the budgets as they are."""
+    not. Only a hint for how long to wait: what goes is always decided by ``admit`` against the budgets as
+    they are."""
     go_now, _ = admit(members, bounds, fleet)
     if not fleet.recovering:
         return []

@@ -276,6 +276,8 @@ def test_later_batches_leave_one_disruption_of_wide_budgets_for_pods_that_move()
     # the first batch is admitted against the reading it was planned on: all 3; later ones plan 2
     assert plan.sizes == [3, 2, 2, 1]
     assert r.RESERVE == 1
+    why = plan.notes[1]["held_back"]["n05"]
+    assert "allows 3 disruption(s) now (2 planned: the rest is kept for pods that move" in why
     narrow = gpu_nodes(2)
     for n in narrow:
         n.budgets = {"ml/one": 1}
