@@ -922,6 +922,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="later",
         help="where admit's held-back nodes go: a later pass (site.yml) or the next batch",
     )
+    g.add_argument(
+        "--roll-order",
+        choices=("planner", "inventory", "budgets"),
+        default="planner",
+        help="the roll's order: the planner's (site.yml), its first-fit in inventory order, or roll.py's "
+        "spread_by_budget then first-fit (default planner)",
+    )
+    g.add_argument("--roll-budget-wait", type=float, default=120.0,
+                   help="site_rollout_budget_wait, seconds (default 120, site.yml's)")
     g.add_argument("--roll-domains", type=int, default=20)
     g.add_argument("--roll-seed", type=int, default=26)
     args = p.parse_args(argv)
@@ -952,6 +961,8 @@ def run_roll(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.roll_seed,
         window_jitter=args.roll_jitter,
         held_back=args.roll_held_back,
+        order=args.roll_order,
+        budget_wait_s=args.roll_budget_wait,
     )
     try:
         planner = roll.load_planner()

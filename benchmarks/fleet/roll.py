@@ -8,15 +8,17 @@ Everything but the planner is simulated here:
 - **Workloads** (``build``): training jobs (one pod of G GPUs per node, ``jobs_nodes`` nodes per job, a
   PodDisruptionBudget allowing one disruption), inference deployments (1-GPU pods, 2-4 per node, budgets of
   ``maxUnavailable: 20 %``), unprotected 1-GPU batch pods filling the fleet to ``utilization``.
-- **The roll** (site.yml's disruptive play): the batches ``plan`` makes; at each batch's start ``admit``
-  decides against the cluster as it is then, and the nodes it holds back go to a later pass. Each admitted
-  node is cordoned (out of service), then drained through the Eviction API: a Ready pod is evicted only
-  while its budget allows a disruption (``healthy - desiredHealthy > 0``; an unready one while the budget
-  is met), otherwise retried every ``retry_s``. An evicted pod terminates in ``termination_s``; its
-  ReplicaSet's replacement is Pending until a schedulable node has room (best fit: the fullest node that
-  fits, as a binpacking GPU scheduler places it; nothing preempts) and Ready ``pod_ready_s`` after it is
-  placed. Once the node is empty, the change and its gates take ``window_s`` (spread by ``window_jitter``),
-  then the node is uncordoned. Ansible's ``serial``: a batch ends when its last node does.
+- **The roll** (site.yml's disruptive play): the batches ``plan`` makes (pass 1 with the canary, leaving its
+  last two batches to pass 2); at each batch's start ``admit`` decides against the cluster as it is then,
+  waiting as ``k8s_rollout`` does (``admit_like_k8s_rollout``), and the nodes it holds back go to a later pass
+  (pass 2, planned again without a canary; a third pass would be a second site.yml run). Each admitted node is
+  cordoned (out of service), then drained through the Eviction API: a Ready pod is evicted only while its
+  budget allows a disruption (``healthy - desiredHealthy > 0``; an unready one while the budget is met),
+  otherwise retried every ``retry_s``. An evicted pod terminates in ``termination_s``; its ReplicaSet's
+  replacement is Pending until a schedulable node has room (best fit: the fullest node that fits, as a
+  binpacking GPU scheduler places it; nothing preempts) and Ready ``pod_ready_s`` after it is placed. Once the
+  node is empty, the change and its gates take ``window_s`` (spread by ``window_jitter``), then the node is
+  uncordoned. Ansible's ``serial``: a batch ends when its last node does.
 - **Checks**, every simulated second: GPUs out of service <= the planner's ``max_unavailable``, nodes out
   per failure domain <= ``max_per_domain``, every budget's healthy pods >= its desiredHealthy. Each breach
   is a violation (the goal is none).
@@ -79,8 +81,13 @@ class Config:
     limit_s: float = 24 * 3600.0
     stall_s: float = 900.0               # give up when nothing could start for this long
     held_back: str = "later"             # admit's held-back nodes: a "later" pass (site.yml), "next" batch
-    order: str = "inventory"             # the roll's order: "inventory" (node name) or "budgets" (spread)
+    order: str = "planner"               # "planner" (its default, site.yml's), "inventory" (the planner's
+                                         # first-fit in node-name order) or "budgets" (spread_by_budget)
+    leave_last: int = 2                  # pass 1 leaves its plan's last batches to pass 2 (site.yml: 2)
+    budget_wait_s: float = 120.0         # site_rollout_budget_wait: admit's bounded wait (k8s_rollout's rule)
     admit_wait_s: float = 0.0            # before a batch, wait up to this long for all its members to fit
+    prefer_rolled: bool = False          # NOT site.yml: replacements go to rolled nodes first (as a
+                                         # PreferNoSchedule taint on the nodes still to roll would make them)
     pause_s: float = 0.0                 # site_rollout_pause: seconds between batches
 
 
@@ -121,6 +128,8 @@ class Cluster:
         self.cordoned: set[str] = set()
         self.keeps_out: set[str] = set()
         self.pending: list[str] = []
+        self.rolled: set[str] = set()    # with cfg.prefer_rolled: nodes whose window ended
+        self.evictions = 0
         self.timers: list[tuple[float, int, str, str]] = []   # (when, seq, what, pod)
         self._seq = 0
         self.out_per_domain: dict[str, int] = defaultdict(int)
@@ -183,6 +192,7 @@ class Cluster:
             if self.healthy(p):
                 self.budgets[p.budget].unhealthy += 1
         p.terminating = True
+        self.evictions += 1
         self._timer(self.cfg.termination_s, "gone", p.name)
         self.add(Pod(p.name + "'", p.budget, p.gpus, None, ready=False))  # the ReplicaSet replaces it
         return True
@@ -212,7 +222,10 @@ class Cluster:
         still = []
         for name in self.pending:
             p = self.pods[name]
-            node = next((n for free in range(p.gpus, self.cfg.gpus + 1) for n in self.by_free[free]), None)
+            fits = (n for free in range(p.gpus, self.cfg.gpus + 1) for n in self.by_free[free])
+            if self.cfg.prefer_rolled:
+                fits = iter(sorted(fits, key=lambda n: n not in self.rolled))  # stable: best fit within
+            node = next(fits, None)
             if node is None:
                 still.append(name)
                 continue
@@ -303,7 +316,11 @@ def planner_view(c: Cluster, rollout: ModuleType, members: list[str]) -> tuple[A
         per_node[n] = counts
     nodes = {n: rollout.Node(n, c.gpus_of[n], c.domain_of[n], resume=False, out=n in c.cordoned,
                              keeps_out=n in c.keeps_out, budgets=per_node[n]) for n in c.gpus_of}
-    fleet = rollout.Fleet(list(nodes.values()), {b: c.allowed(b) for b in c.budgets})
+    recovering: dict[str, int] = defaultdict(int)  # placed, not Ready: pods on their way back
+    for p in c.pods.values():
+        if p.budget and p.node is not None and not p.ready and not p.terminating:
+            recovering[p.budget] += 1
+    fleet = rollout.Fleet(list(nodes.values()), {b: c.allowed(b) for b in c.budgets}, dict(recovering))
     return fleet, [nodes[n] for n in members]
 
 
@@ -314,13 +331,17 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
     roll = [n for n in c.gpus_of if n not in c.keeps_out]
     if cfg.order == "budgets":
         roll = spread_by_budget(c, roll)
+    order = {"planner": {}, "inventory": {"order": "inventory"}, "budgets": {"order": "inventory"}}[cfg.order]
     fleet, nodes = planner_view(c, rollout, roll)
     per_domain = cfg.max_per_domain or None
     if cfg.max_per_domain is None:
         total = rollout.resolve(cfg.max_unavailable, fleet.total_gpus, "max_unavailable") or fleet.total_gpus
         per_domain = max(1, math.ceil(total / cfg.gpus / cfg.domains))
     bounds = rollout.Bounds.read(cfg.serial, cfg.max_unavailable, per_domain, cfg.canary, len(roll), fleet)
-    planned = rollout.plan(nodes, bounds, fleet)
+    extra = {"leave_last": cfg.leave_last} if cfg.leave_last else {}
+    planned = rollout.plan(nodes, bounds, fleet, **order, **extra)
+    # site.yml's later passes have no canary (tasks/site_roll_plan.yml)
+    later_bounds = rollout.Bounds(bounds.serial, bounds.max_unavailable, bounds.max_per_domain, canary=False)
     queue = [list(b) for b in planned.batches]
     todo, passes, batches = set(roll), 1, []
     violations: list[dict[str, Any]] = []
@@ -331,11 +352,11 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         c.tick(dt)
         _check(c, bounds, violations, peak)
 
-    last_start, deferred = 0.0, {}
-    while todo and c.now < cfg.limit_s and c.now - last_start < cfg.stall_s:
+    last_busy, deferred = 0.0, {}  # when a batch last started or ended: stall_s counts idle time from there
+    while todo and c.now < cfg.limit_s and c.now - last_busy < cfg.stall_s:
         if not queue:  # a later pass over what admit held back or the plan deferred
             fleet, nodes = planner_view(c, rollout, sorted(todo))
-            again = rollout.plan(nodes, bounds, fleet)
+            again = rollout.plan(nodes, later_bounds, fleet, **order)
             queue, deferred = [list(b) for b in again.batches], dict(again.deferred)
             if not queue:
                 step(max(cfg.retry_s, 30.0))  # nothing fits now: let replacements become Ready
@@ -347,15 +368,14 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         if batches and cfg.pause_s > 0:
             for _ in range(int(cfg.pause_s)):
                 step(1.0)
-        fleet, view = planner_view(c, rollout, members)
-        go, wait = rollout.admit(view, bounds, fleet)
+        go, wait = admit_like_k8s_rollout(c, rollout, members, bounds, cfg.budget_wait_s, step)
         waited = 0.0
         while wait and waited < cfg.admit_wait_s:  # wait (bounded) for budgets to recover before admitting
             step(cfg.retry_s)
             waited += cfg.retry_s
             fleet, view = planner_view(c, rollout, members)
             go, wait = rollout.admit(view, bounds, fleet)
-        if not go:
+        if not go and not cfg.budget_wait_s:  # the simulation's own retry (no site.yml wait): try again
             queue.insert(0, members)
             step(cfg.retry_s)
             continue
@@ -364,7 +384,8 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
                 queue[0] = [n for n in members if n in wait] + queue[0]
             else:
                 queue.append([n for n in members if n in wait])
-        last_start = c.now
+        if go:  # an admission that let nobody go is no progress
+            last_busy = c.now
         start = c.now
         window = {n: cfg.window_s * rng.uniform(1 - cfg.window_jitter, 1 + cfg.window_jitter) for n in go}
         for n in go:
@@ -387,12 +408,16 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
                         drained[n] = c.now
                 elif c.now >= drained[n] + window[n]:
                     done[n] = c.now
+                    c.rolled.add(n)
                     if n not in c.keeps_out:
                         c.uncordon(n)
             step(1.0)
         todo -= set(done)
+        if go:
+            last_busy = c.now  # a batch longer than stall_s (20-min windows) is not a stall
         batches.append({"nodes": len(go), "held_back": len(wait), "start_s": start, "end_s": c.now,
-                        "drain_max_s": max((drained[n] - start for n in drained), default=0.0)})
+                        "drain_max_s": max((drained[n] - start for n in drained), default=0.0),
+                        "held_back_why": held_back_why(wait), "pass": passes})
     return {
         "config": asdict(cfg), "max_unavailable_gpus": bounds.max_unavailable, "max_per_domain": per_domain,
         "planned_batches": len(planned.batches), "deferred_at_plan": len(planned.deferred),
@@ -402,10 +427,41 @@ def simulate(cfg: Config, rollout: ModuleType | None = None) -> dict[str, Any]:
         "hours": c.now / 3600.0, "deferred": dict(list(deferred.items())[:5]) if todo else {},
         "violations": len(violations), "first_violations": violations[:5],
         "peak": {k: v for k, v in peak.items() if not k.startswith("_")},
-        "pods": len(c.pods), "budgets": len(c.budgets),
+        "pods": len(c.pods), "budgets": len(c.budgets), "evictions": c.evictions,
         "batch_sizes": [b["nodes"] for b in batches],
+        "per_batch": batches,
         "drain_max_s": max((b["drain_max_s"] for b in batches), default=0.0),
     }
+
+
+def admit_like_k8s_rollout(c: Cluster, rollout: ModuleType, members: list[str], bounds: Any, wait_s: float,
+                           step: Any) -> tuple[list[str], dict[str, str]]:
+    """k8s_rollout state=admit with ``wait`` (plugins/modules/k8s_rollout.py ``admit``): read, decide;
+    answer when nobody waits, when somebody goes and waiting would not let more go (``admit_soon``), or
+    when the next poll would pass the deadline; else poll again with backoff (2 s doubling to 30 s)."""
+    deadline = c.now + max(0.0, wait_s)
+    delay = 2.0
+    soon_of = getattr(rollout, "admit_soon", None)
+    while True:
+        fleet, view = planner_view(c, rollout, members)
+        go, wait = rollout.admit(view, bounds, fleet)
+        soon = soon_of(view, bounds, fleet) if soon_of and wait and go else []
+        if not wait or (go and not soon) or c.now + delay > deadline:
+            return go, wait
+        for _ in range(int(delay)):
+            step(1.0)
+        delay = min(delay * 2, 30.0)
+
+
+def held_back_why(wait: dict[str, str]) -> dict[str, int]:
+    """admit's reasons, counted by kind: GPUs, failure domain, or the budget's namespace (train, serve)."""
+    kinds: dict[str, int] = defaultdict(int)
+    for why in wait.values():
+        if why.startswith("PodDisruptionBudget "):
+            kinds["budget " + why.split()[1].split("/")[0]] += 1
+        else:
+            kinds[why.split(":")[0].split(" ")[0]] += 1
+    return dict(kinds)
 
 
 def _check(c: Cluster, bounds: Any, violations: list, peak: dict) -> None:

@@ -12,19 +12,31 @@ A batch is bounded by four things at once (docs/rollouts.md, "Batches"):
   unavailable to those being upgraded);
 * ``max_per_domain``: at most this many nodes of one failure domain (a zone, a rack, an NVLink domain)
   out at once, again counting the nodes of that domain that are already out;
-* PodDisruptionBudgets: a batch holds at most as many nodes with pods of one budget as that budget allows
-  disruptions right now (``status.disruptionsAllowed``). A node with several pods of one budget is still
-  one node: its drain evicts them one after another as the budget recovers (the Eviction API answers 429
-  meanwhile), which is what ``kubectl drain`` does; two such nodes in one batch would only sit cordoned,
-  waiting for each other.
+* PodDisruptionBudgets: the pods of one budget on a batch's nodes are at most as many as that budget
+  allows disruptions right now (``status.disruptionsAllowed``), so the batch's drains evict them at once
+  instead of waiting (the Eviction API answers 429) for replacements to become Ready while the whole
+  batch waits for its slowest drain. A node holding more of a budget's pods than it allows goes without
+  other nodes holding that budget: its drain evicts them one after another as the budget recovers, which
+  is what ``kubectl drain`` does.
+
+Batches after a plan's first leave one disruption of each budget that allows more than one unplanned
+(``RESERVE``): pods move between the plan and those batches' start.
 
 A node already out of service (an operator's cordon, an earlier run's parked node) costs nothing when it
 joins a batch: its GPUs are out either way. Nodes that an earlier run of ours left cordoned
 (``resume``) go first and are held back only by ``serial``: finishing them gives capacity back.
 
-``plan`` fills batches first-fit in the given order; a node that fits no batch, even alone, is
-``deferred`` with the reason. ``admit`` is the same rule at the start of a batch against the cluster as
-it is then: the members that fit go, the others wait for the roll's second pass.
+``plan`` fills batches first-fit; a node that fits no batch, even alone, is ``deferred`` with the reason.
+Its order (``ORDERS``): ``spread`` (the default) keeps the first node of the given order as the canary and
+then, batch by batch, takes first the nodes of the constraint that needs the most batches still (its
+nodes left over what one batch may hold of them: a failure domain's room, a budget's allowed
+disruptions), and among equals those whose budgets the previous batch did not use up, so every domain
+and every budget spreads its nodes over the whole roll and the roll ends when its tightest constraint
+allows, not with a tail of one rack's nodes; ``inventory`` is first-fit in the given order. A pass may
+leave its plan's last batches to the next pass (``leave_last``), where the nodes held back at their
+batch's start fill their room. ``admit`` is the same rule at the start of a batch against the cluster as
+it is then: the members that fit go, the others wait for the roll's second pass; ``admit_soon`` says which
+of those would fit once the replacements already placed for evicted pods are Ready (worth a bounded wait).
 """
 
 from __future__ import annotations
@@ -79,9 +91,11 @@ class Fleet:
     """The cluster as the roll sees it: every GPU node's GPUs, domain and whether it is out now, and each
     budget's allowed disruptions."""
 
-    def __init__(self, nodes, allowed=None):
+    def __init__(self, nodes, allowed=None, recovering=None):
         self.nodes = {n.name: n for n in nodes}   # every GPU node of the cluster, in the roll or not
         self.allowed = dict(allowed or {})
+        # budget key -> its pods placed on a node but not Ready yet (replacements on their way back)
+        self.recovering = dict(recovering or {})
 
     @property
     def total_gpus(self):
@@ -123,9 +137,10 @@ class Bounds:
                 "max_per_domain": self.max_per_domain, "canary": self.canary}
 
 
-def why_not(batch, node, bounds, fleet, used=None):
+def why_not(batch, node, bounds, fleet, used=None, reserve=0):
     """Why ``node`` cannot join ``batch`` (a list of Nodes), or None when it can. ``used``: budget key ->
-    nodes of the batch with pods of that budget (computed from ``batch`` when not given)."""
+    the batch's pods of that budget (``budget_use``; computed from ``batch`` when not given). ``reserve``:
+    disruptions of a budget that allows more than that many left unplanned (``plan``'s later batches)."""
     names = {n.name for n in batch} | {node.name}
     if node.resume:
         return None  # already out; finishing it gives capacity back (only serial holds it)
@@ -145,12 +160,19 @@ def why_not(batch, node, bounds, fleet, used=None):
     for key in sorted(node.budgets):
         if node.budgets[key] <= 0 or key not in fleet.allowed:
             continue
-        allowed = fleet.allowed[key]
-        if used.get(key, 0) + 1 > allowed:
-            holders = used.get(key, 0)
-            return ("PodDisruptionBudget %s allows %d disruption(s) now%s" % (
-                key, max(allowed, 0),
-                (" and %d node(s) of this batch already hold its pods" % holders) if holders else ""))
+        allowed = now = fleet.allowed[key]
+        if allowed > reserve:
+            allowed -= reserve
+        held = used.get(key, 0)
+        # a node with more of its pods than it allows goes without other holders (its drain evicts them
+        # one after another as the budget recovers)
+        if allowed <= 0 or (held > 0 and held + node.budgets[key] > allowed):
+            return ("PodDisruptionBudget %s allows %d disruption(s) now%s%s" % (
+                key, max(now, 0),
+                (" (%d planned: the rest is kept for pods that move before this batch)" % allowed)
+                if allowed < now else "",
+                (" and this batch's nodes already hold %d of its pods (this node %d)"
+                 % (held, node.budgets[key])) if held else ""))
     return None
 
 
@@ -159,7 +181,7 @@ def budget_use(batch):
     for n in batch:
         for key, count in n.budgets.items():
             if count > 0:
-                used[key] = used.get(key, 0) + 1
+                used[key] = used.get(key, 0) + count
     return used
 
 
@@ -194,20 +216,50 @@ class Plan:
                 "deferred": self.deferred, "notes": self.notes}
 
 
-def plan(nodes, bounds, fleet):
-    """Batches for ``nodes`` (in the order to roll them; resume nodes are put first), first-fit under
-    ``bounds`` against ``fleet`` as it is now. A batch's nodes are assumed back in service before the next
-    batch starts (the roll waits for them); ``admit`` checks that again when the batch starts."""
+ORDERS = ("spread", "inventory")
+# Disruptions of each budget allowing more than this many that the plan's batches after the first leave
+# unused: between the reading and a later batch's start, evicted pods' replacements land on nodes the plan
+# saw without them (a bin-packing scheduler prefers the full nodes not rolled yet), so a later batch holds
+# more of a budget's pods than planned and admit would hold its members back. The first batch is admitted
+# against the same cluster it was planned on.
+RESERVE = 1
+
+
+def plan(nodes, bounds, fleet, order="spread", leave_last=0):
+    """Batches for ``nodes`` (in the order given; resume nodes are put first), first-fit under ``bounds``
+    against ``fleet`` as it is now, in ``order`` (module docstring). A batch's nodes are assumed back in
+    service before the next batch starts (the roll waits for them); ``admit`` checks that again when the
+    batch starts. ``leave_last``: this many of the last batches (never all) are not rolled in this pass but
+    returned in ``deferred`` for the next one, which plans them again together with the nodes ``admit``
+    held back, so those fill their room instead of adding batches of their own."""
+    if order not in ORDERS:
+        raise BoundError("site_rollout_order=%r is not one of %s" % (order, ", ".join(ORDERS)))
     _check_feasible(nodes, bounds)
+    if isinstance(leave_last, bool) or not isinstance(leave_last, int) or leave_last < 0:
+        raise BoundError("leave_last=%r must be a count of batches (0 or more)" % (leave_last,))
+    result = _plan(nodes, bounds, fleet, order)
+    # never the whole plan: a pass that rolls nothing would only hand everything on
+    for _ in range(min(leave_last, len(result.batches) - 1)):
+        last = result.batches.pop()
+        result.notes.pop()
+        result.deferred.update((name, LEFT_LATER) for name in last)
+    return result
+
+
+def _plan(nodes, bounds, fleet, order):
     pending = [n for n in nodes if n.resume] + [n for n in nodes if not n.resume]
+    given = {n.name: i for i, n in enumerate(pending)}
+    used_up = set()  # budgets the previous batch used up: they allow nothing until its replacements are Ready
     result = Plan()
     while pending:
         cap = 1 if bounds.canary and not result.batches else bounds.serial
+        if order == "spread" and (result.batches or not bounds.canary):  # the canary: the first node given
+            pending = spread(pending, bounds, fleet, given, used_up)
         batch, held = [], {}
         for node in pending:
             if len(batch) >= cap:
                 break
-            why = why_not(batch, node, bounds, fleet)
+            why = why_not(batch, node, bounds, fleet, reserve=RESERVE if result.batches else 0)
             if why is None:
                 batch.append(node)
             else:
@@ -217,6 +269,7 @@ def plan(nodes, bounds, fleet):
             break
         result.batches.append([n.name for n in batch])
         names = {n.name for n in batch}
+        used_up = {k for k, v in budget_use(batch).items() if v >= fleet.allowed.get(k, 0)}
         result.notes.append({
             "batch": len(result.batches),
             "nodes": [n.name for n in batch],
@@ -229,6 +282,48 @@ def plan(nodes, bounds, fleet):
         fleet = Fleet([_after_window(n) if n.name in names else n for n in fleet.nodes.values()],
                       fleet.allowed)
     return result
+
+
+LEFT_LATER = ("one of the plan's last batches: planned again in the next pass together with the nodes "
+              "held back at their batch's start")
+
+
+def spread(pending, bounds, fleet, given, used_up=()):
+    """``pending`` with the nodes of the most pressed constraint first: a node's pressure is the largest,
+    over its failure domain and its budgets, of the constraint's nodes still pending divided by how many
+    of them one batch may hold now (the domain's room under ``max_per_domain``, the budget's allowed
+    disruptions): the batches that constraint still needs. Among nodes of equal pressure (a domain's
+    nodes) those with fewer budgets in ``used_up`` (used up by the previous batch: they allow nothing
+    until its replacements are Ready, which admit would wait for) go first. Resume nodes stay first; ties
+    keep the given order, so the result is deterministic."""
+    left = {}
+    for n in pending:
+        for key in _constraints(n, bounds):
+            left[key] = left.get(key, 0) + 1
+    room = {}
+    for key in left:
+        kind, name = key
+        if kind == "domain":
+            room[key] = bounds.max_per_domain - len(fleet.out_in_domain(name, set()))
+        else:
+            room[key] = fleet.allowed.get(name, 0)
+
+    def pressure(n):
+        return max([left[k] / float(max(1, room[k])) for k in _constraints(n, bounds)] or [0.0])
+
+    def after_used_up(n):
+        return sum(1 for key in n.budgets if key in used_up and n.budgets[key] > 0)
+
+    return sorted(pending, key=lambda n: (not n.resume, -pressure(n), after_used_up(n), given[n.name]))
+
+
+def _constraints(node, bounds):
+    """The per-batch limits ``node`` counts against besides serial and the GPUs: its domain, its budgets."""
+    out = []
+    if bounds.max_per_domain is not None and node.domain and not node.out:
+        out.append(("domain", node.domain))
+    out.extend(("budget", key) for key in sorted(node.budgets) if node.budgets[key] > 0)
+    return out
 
 
 def _after_window(node):
@@ -247,6 +342,23 @@ def admit(members, bounds, fleet):
         else:
             wait[node.name] = why
     return [n.name for n in go], wait
+
+
+def admit_soon(members, bounds, fleet):
+    """The members ``admit`` holds back now that would go once every budget's replacements already placed
+    on a node are Ready (``fleet.recovering``), when that lets more members go than now: worth a bounded
+    wait at the batch's start, where the others (a budget with nothing on its way back, GPUs, domains) are
+    not. Only a hint for how long to wait: what goes is always decided by ``admit`` against the budgets as
+    they are."""
+    go_now, _ = admit(members, bounds, fleet)
+    if not fleet.recovering:
+        return []
+    soon = Fleet(fleet.nodes.values(),
+                 {k: v + fleet.recovering.get(k, 0) for k, v in fleet.allowed.items()})
+    go_later, _ = admit(members, bounds, soon)
+    if len(go_later) <= len(go_now):
+        return []  # waiting would only change who goes (another bound is full), not let more go
+    return [n for n in go_later if n not in go_now]
 
 
 # -- reading the cluster: plain dicts as the API returns them ------------------------------------------
@@ -303,6 +415,20 @@ def budgets_of(pod, pdbs):
         if pmd.get("namespace") == ns and _labels_match((pdb.get("spec") or {}).get("selector"), labels):
             out.append("%s/%s" % (ns, pmd.get("name")))
     return out
+
+
+def pod_recovering(pod):
+    """Placed on a node, not being deleted, running or starting, and not Ready yet: a replacement on its
+    way back (its budget will allow one more disruption once it is Ready)."""
+    md, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if not spec.get("nodeName") or md.get("deletionTimestamp"):
+        return False
+    if status.get("phase") not in (None, "Pending", "Running"):
+        return False
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") != "True"
+    return True
 
 
 def allowed_disruptions(pdbs):

@@ -19,8 +19,8 @@ description:
   - V(plan) lists nodes, pods and PodDisruptionBudgets once and splits O(nodes) into batches bounded by
     O(serial), O(max_unavailable) (GPUs out of service at once, counting those already out),
     O(max_per_domain) (nodes of one failure domain out at once) and the budgets' allowed disruptions
-    (a batch never holds more nodes with pods of one budget than it allows now). Nodes that fit no batch
-    now are returned in C(deferred) with the reason.
+    (a batch's nodes never hold more pods of one budget than it allows now, but for a node that alone
+    holds more). Nodes that fit no batch now are returned in C(deferred) with the reason.
   - V(admit) applies the same rule to one batch against the cluster as it is when the batch starts, and
     also checks what each member's drain would refuse (pods no controller manages, emptyDir data). It
     writes nothing. Members that do not fit wait, up to O(wait) seconds, polling with backoff.
@@ -63,6 +63,22 @@ options:
     description: A first batch of one node.
     type: bool
     default: false
+  order:
+    description:
+      - With V(plan), the order batches fill in. V(spread) keeps the first node of O(nodes) as the canary,
+        then takes first the nodes of the failure domain or budget that needs the most batches still
+        (its nodes left over what one batch may hold of them), and among a domain's nodes those whose
+        budgets the previous batch did not use up. V(inventory) fills first-fit in the order of O(nodes).
+    type: str
+    choices: [spread, inventory]
+    default: spread
+  leave_last:
+    description:
+      - With V(plan), this many of the plan's last batches (never all of them) are returned in C(deferred)
+        instead, to be planned again in the roll's next pass together with the members that V(admit) held
+        back (site.yml's pass 1 leaves 2).
+    type: int
+    default: 0
   resource:
     description:
       - The extended resource whose capacity counts a node's GPUs when the HAMi register annotation is absent.
@@ -82,7 +98,9 @@ options:
     type: bool
     default: true
   wait:
-    description: With V(admit), seconds to wait for at least one member to fit before answering.
+    description:
+      - With V(admit), seconds to wait before answering while no member fits, or while members that wait
+        would fit once replacement pods already placed for evicted pods of their budgets are Ready.
     type: int
     default: 0
 extends_documentation_fragment:
@@ -245,7 +263,13 @@ class Snapshot:
             nodes.append(_rollout.Node(
                 name, gpus=gpus, domain=self._domain(node, item), out=_rollout.node_out(node),
                 keeps_out=by == "operator", resume=bool(item and item.get("resume")), budgets=budgets))
-        return _rollout.Fleet(nodes, _rollout.allowed_disruptions(self.pdbs))
+        recovering = {}
+        for pods in self.pods.values():
+            for pod in pods:
+                if _rollout.pod_recovering(pod):
+                    for key in _rollout.budgets_of(pod, self.pdbs):
+                        recovering[key] = recovering.get(key, 0) + 1
+        return _rollout.Fleet(nodes, _rollout.allowed_disruptions(self.pdbs), recovering)
 
     def refusal(self, item, force, delete_emptydir_data):
         """Why this member's drain would refuse now (nothing written), or None."""
@@ -287,7 +311,8 @@ def plan(api, module):
     bounds = _bounds(module, items, fleet)
     roll = [fleet.nodes[i["name"]] for i in items]
     try:
-        result = _rollout.plan(roll, bounds, fleet)
+        result = _rollout.plan(roll, bounds, fleet, order=module.params["order"],
+                               leave_last=module.params["leave_last"])
     except _rollout.BoundError as exc:
         module.fail_json(msg=str(exc))
     doc = result.as_dict()
@@ -314,13 +339,16 @@ def admit(api, module):
         candidates = [i for i in items if i["name"] not in refused]
         fleet = snap.fleet(candidates)
         bounds = _bounds(module, items, fleet)
-        go, wait = _rollout.admit([fleet.nodes[i["name"]] for i in candidates], bounds, fleet)
-        if go or not wait or time.monotonic() + delay > deadline:
+        members = [fleet.nodes[i["name"]] for i in candidates]
+        go, wait = _rollout.admit(members, bounds, fleet)
+        # wait only while waiting may let more go: nobody fits, or budgets have replacements on their way
+        soon = _rollout.admit_soon(members, bounds, fleet) if go and wait else []
+        if not wait or (go and not soon) or time.monotonic() + delay > deadline:
             host = {i["name"]: i.get("host") or i["name"] for i in items}
-        return {"go": go, "wait": wait, "refused": refused, "fleet": _fleet_summary(fleet),
-                "bounds": bounds.as_dict(),
-                "hosts": {"go": [host[n] for n in go], "wait": {host[n]: w for n, w in wait.items()},
-                          "refused": {host[n]: r for n, r in refused.items()}}}
+            return {"go": go, "wait": wait, "refused": refused, "fleet": _fleet_summary(fleet),
+                    "bounds": bounds.as_dict(),
+                    "hosts": {"go": [host[n] for n in go], "wait": {host[n]: w for n, w in wait.items()},
+                              "refused": {host[n]: r for n, r in refused.items()}}}
         time.sleep(delay)
         delay = min(delay * 2, 30.0)
 
@@ -335,6 +363,8 @@ def main():
             max_per_domain=dict(type="raw"),
             domain_label=dict(type="str", default=""),
             canary=dict(type="bool", default=False),
+            order=dict(type="str", default="spread", choices=list(_rollout.ORDERS)),
+            leave_last=dict(type="int", default=0),
             resource=dict(type="str", default="nvidia.com/gpu"),
             gpu_resources=dict(type="list", elements="str", default=["nvidia.com/"]),
             force=dict(type="bool", default=False),

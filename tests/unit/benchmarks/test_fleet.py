@@ -4,6 +4,8 @@ site.yml variants and the command line."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -345,7 +347,7 @@ class FakePlanner:
             self.name, self.gpus, self.domain, self.out, self.budgets = name, gpus, domain, out, budgets or {}
 
     class Fleet:
-        def __init__(self, nodes, allowed=None):
+        def __init__(self, nodes, allowed=None, recovering=None):
             self.nodes = {n.name: n for n in nodes}
             self.allowed = dict(allowed or {})
 
@@ -354,12 +356,13 @@ class FakePlanner:
             return sum(n.gpus for n in self.nodes.values())
 
     class Bounds:
-        def __init__(self, max_unavailable, max_per_domain):
+        def __init__(self, serial=1, max_unavailable=None, max_per_domain=None, canary=False):
+            self.serial, self.canary = serial, canary
             self.max_unavailable, self.max_per_domain = max_unavailable, max_per_domain
 
         @classmethod
         def read(cls, serial, max_unavailable, max_per_domain, canary, roll_size, fleet):
-            return cls(FakePlanner.resolve(max_unavailable, fleet.total_gpus, "x"), max_per_domain)
+            return cls(1, FakePlanner.resolve(max_unavailable, fleet.total_gpus, "x"), max_per_domain)
 
     @staticmethod
     def resolve(value, total, name, minimum=0):
@@ -377,7 +380,7 @@ class FakePlanner:
         budgets_ok = all(used.get(b, 0) + 1 <= fleet.allowed.get(b, 0) for b in node.budgets)
         return out <= bounds.max_unavailable and budgets_ok
 
-    def plan(self, nodes, bounds, fleet):
+    def plan(self, nodes, bounds, fleet, leave_last=0):
         batches, pending = [], list(nodes)
         while pending:
             batch = []
@@ -431,3 +434,53 @@ def test_the_roll_waits_for_the_planner_when_it_is_missing(tmp_path: Path) -> No
         roll.load_planner(tmp_path / "_rollout.py")
     rows = bench.roll_rows({"missing": "not yet"})
     assert rows[0][3] is False and "TODO" in rows[0][1]
+
+
+def test_the_simulated_admit_waits_like_k8s_rollout() -> None:
+    """roll.py's admit is k8s_rollout's: answer at once unless waiting may let more go (nobody fits, or
+    admit_soon names members); poll with backoff 2, 4, 8, 16, 30 s up to the wait."""
+    from benchmarks.fleet import roll
+
+    c = roll.build(roll.Config(nodes=10, domains=2, out_nodes=0))
+    real = roll.load_planner()
+    polls: list[float] = []
+
+    def planner(go: list[str], soon: list[str]) -> Any:
+        def admit(view, bounds, fleet):
+            polls.append(c.now)
+            return go, {n.name: "budget" for n in view if n.name not in go}
+        return SimpleNamespace(Node=real.Node, Fleet=real.Fleet, admit=admit, admit_soon=lambda *a: soon)
+
+    members = ["gpu-0000", "gpu-0001"]
+    bounds = real.Bounds(serial=2)
+    go, wait = roll.admit_like_k8s_rollout(c, planner(["gpu-0000"], []), members, bounds, 120.0, c.tick)
+    assert (go, list(wait), polls) == (["gpu-0000"], ["gpu-0001"], [0.0])  # nothing to wait for
+    polls.clear()
+    roll.admit_like_k8s_rollout(c, planner(["gpu-0000"], ["gpu-0001"]), members, bounds, 120.0, c.tick)
+    assert polls == [0.0, 2.0, 6.0, 14.0, 30.0, 60.0, 90.0, 120.0]  # a replacement on its way: bounded
+    polls.clear()
+    start = c.now
+    go, _ = roll.admit_like_k8s_rollout(c, planner([], []), members, bounds, 10.0, c.tick)
+    assert go == [] and [p - start for p in polls] == [0.0, 2.0, 6.0]  # nobody fits: wait, then hand on
+
+
+def test_the_simulated_roll_with_the_real_planner_keeps_every_bound() -> None:
+    from benchmarks.fleet import roll
+
+    cfg = roll.Config(nodes=200, domains=5, out_nodes=2, window_s=300)
+    r = roll.simulate(cfg)
+    assert r["left"] == 0 and r["violations"] == 0
+    assert r["peak"]["gpus_out"] <= r["max_unavailable_gpus"]
+    assert r["peak"]["per_domain"] <= r["max_per_domain"]
+    assert r["passes"] >= 2 and r["site_runs"] == 1     # pass 1 left its last batches to pass 2
+    assert r["per_batch"][0]["nodes"] == 1               # the canary; pass 2 has none
+    assert all(b["nodes"] > 1 for b in r["per_batch"] if b["pass"] == 2)
+
+
+def test_a_batch_longer_than_the_stall_limit_is_not_a_stall() -> None:
+    from benchmarks.fleet import roll
+
+    # 20-min windows: each batch outlasts stall_s (15 min); the roll used to end after its canary
+    cfg = roll.Config(nodes=60, domains=3, out_nodes=0, window_s=1200, serial="50%", max_unavailable="50%")
+    r = roll.simulate(cfg)
+    assert r["left"] == 0 and r["violations"] == 0 and r["batches"] >= 3
