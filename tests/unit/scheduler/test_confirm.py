@@ -145,6 +145,24 @@ def test_a_busy_node_is_read_back_gpu_by_gpu() -> None:
     assert api.gets == []
 
 
+def test_the_gpu_by_gpu_pass_walks_a_bounded_number_of_nodes() -> None:
+    """A refusal over many busy nodes walks the pods of ``max_fits`` of them at most (under the lock)."""
+    cache, api = UsageCache(), ApiPods()
+    for n in range(10):
+        full_node(cache, f"n{n}", pods=5)  # 5 pods on one GPU: more than 4 GETs, node and GPU alike
+    walked: list[str] = []
+    real = cache.few_settled_pods_per_gpu
+
+    def counting(node: str, at_most: int, skip: str = "") -> list:
+        walked.append(node)
+        return real(node, at_most, skip)
+
+    cache.few_settled_pods_per_gpu = counting  # type: ignore[method-assign]
+    names = [f"n{n}" for n in range(10)]
+    assert GoneCheck(cache, api, max_gets=4, max_fits=3).release(names, WHOLE, CTX, "uid-new") == []
+    assert walked == ["n0", "n1", "n2"] and api.gets == []
+
+
 def test_assumptions_are_never_suspects() -> None:
     """A pod /filter just placed (its annotation write not seen by the informer yet) is not in the API's
     answer as the cache counts it: it must keep its GPU."""

@@ -88,13 +88,16 @@ class GoneCheck:
     def _one_gpu_suspects(self, names: Iterable[str], seen: set[str], preq: PodRequest, ctx: PodContext,
                           uid: str) -> list[tuple[int, str, list[PodUsage]]]:
         """For a one-GPU pod, on busy nodes (more pods than one refusal may read): per GPU, its pods, when
-        they alone keep the pod off the node. At most ``max_fits`` fits on a copy, as above; which GPU
-        freed is not known here, so the GPUs with the fewest pods are read first."""
+        they alone keep the pod off the node. At most ``max_fits`` nodes walked and fits on a copy, as above;
+        which GPU freed is not known here, so the GPUs with the fewest pods are read first."""
         out: list[tuple[int, str, list[PodUsage]]] = []
-        fits = 0
+        fits = walked = 0
         for node in dict.fromkeys(names):
             if node in seen:
                 continue
+            if walked >= self.max_fits:  # each node's pods are walked: a refusal at 5,000 nodes walks few
+                return out
+            walked += 1
             for pods in self.cache.few_settled_pods_per_gpu(node, self.max_gets, skip=uid):
                 if fits >= self.max_fits:
                     return out
