@@ -46,8 +46,12 @@ lint: setup
 	$(BIN)/ruff check agent tests benchmarks plugins sandbox scripts
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/lint-ansible.sh
 
+# Every benchmark but the chaos soak and the fleet, one table at the end (docs/performance.md). A benchmark
+# exits 1 when it misses a goal it prints; `make bench` only reports (some goals are known misses, see
+# docs/performance.md): `make bench BENCH_FLAGS=` makes a miss fail the target.
+BENCH_FLAGS ?= --no-goals
 bench: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks $(BENCH_FLAGS)
 
 # The chaos soak (docs/testing.md "Chaos soak"): make chaos [CHAOS_SECONDS=3600] [CHAOS_SEED=17] [CHAOS_NODES=4]
 CHAOS_SECONDS ?= 60

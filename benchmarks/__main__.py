@@ -5,7 +5,11 @@ A bench module that leaves ``(figure, value, goal, met)`` rows in its module-lev
 them repeated in one table at the end (``make bench``: every figure of the run beside its goal).
 
 ``python -m benchmarks NAME --flag ...`` runs one benchmark with its own flags (e.g. ``chaos --seconds 60``).
-A bench module with ``RUN_BY_DEFAULT = False`` (the chaos soak) runs only when named."""
+A bench module with ``RUN_BY_DEFAULT = False`` (the chaos soak) runs only when named.
+
+Exit status: 1 when a benchmark missed a goal it printed (or failed), 2 for an unknown name.
+``--no-goals`` (anywhere on the line, given to every benchmark run) only reports: misses are marked in the
+table and the exit status is 0 unless a benchmark failed otherwise."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import importlib
 import sys
 import time
 from pathlib import Path
+
+from benchmarks import goals
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,10 +29,12 @@ def discover() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    no_goals = goals.FLAG in args
+    args = [a for a in args if a != goals.FLAG]
     names = discover()
     args = [a.replace("-", "_") if a.replace("-", "_") in names else a for a in args]
     if args in (["-h"], ["--help"]):
-        print(f"usage: python -m benchmarks [name ...]   (available: {', '.join(names)})")
+        print(f"usage: python -m benchmarks [{goals.FLAG}] [name ...]   (available: {', '.join(names)})")
         return 0
     flags: list[str] = []
     if len(args) > 1 and args[0] in names and args[1].startswith("-"):
@@ -44,9 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=== benchmark {name} ===", file=banner, flush=True)
         start = time.monotonic()
         module = importlib.import_module(f"benchmarks.{name}.bench")
-        rc = int(module.main(flags) or 0)
+        rows = getattr(module, "SUMMARY", None)
+        if isinstance(rows, list):
+            rows.clear()  # a module run before in this process must not lend its figures
+        rc = int(module.main(flags + ([goals.FLAG] if no_goals else [])) or 0)
+        if not rc and not no_goals and goals.missed(rows or []):
+            rc = 1  # a goal it printed was missed (every bench's main says so too; this is the backstop)
         print(f"=== {name}: exit {rc} in {time.monotonic() - start:.1f}s ===", file=banner, flush=True)
-        summary += [(name, *row) for row in getattr(module, "SUMMARY", [])]
+        summary += [(name, *row) for row in rows or []]
         if rc:
             failed.append(name)
     if summary and len(chosen) > 1:

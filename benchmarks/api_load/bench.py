@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import goals
 from tests.sim.ports import free_port
 
 FLEET = 5000
@@ -402,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--churn-pods", type=int, default=None, help="pods per churn wave (default: 2 per node)")
     p.add_argument("--quick", action="store_true", help="3 nodes, 20 s windows")
     p.add_argument("--json", action="store_true")
+    goals.add_flag(p)
     args = p.parse_args(argv)
     nodes, minutes = (3, 1 / 3) if args.quick else (args.nodes, args.minutes)
     churn = args.churn_pods if args.churn_pods is not None else 2 * nodes
@@ -409,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     SUMMARY[:] = figures(r)
     if args.json:
         print(json.dumps(r, indent=2))
-        return 0
+        return goals.exit_code(SUMMARY, args.no_goals)
     print(f"node-agent API load: {nodes} SIMULATED nodes (gpusim), REAL hami-agent device-plugin + monitor "
           f"processes, {minutes * 60:.0f} s windows (started in {r['startup_s']:.0f} s)")
     for phase in ("idle", "churn"):
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     SUMMARY[:] = figures(r)
     for name, value, goal, ok in SUMMARY:
         print(f"  {'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
-    return 0
+    return goals.exit_code(SUMMARY, args.no_goals)
 
 
 if __name__ == "__main__":

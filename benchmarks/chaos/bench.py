@@ -44,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--plan", action="store_true", help="print the fault plan as JSON and exit")
     p.add_argument("--run-id", default="", help="marker put in every process's environment (HAMI_CHAOS_RUN); "
                    "a caller can kill whatever is left of the run by it (default: pid, seed and time)")
+    p.add_argument("--no-goals", dest="no_goals", action="store_true",
+                   help="accepted for the runner: the soak's verdict is its invariants, always judged")
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.nodes < 1 or args.nodes > 16:
         p.error("--seconds must be > 0 and --nodes 1..16")
@@ -176,6 +178,8 @@ def _run(args: argparse.Namespace, seed: int, workdir: Path, status: Any) -> tup
             "faults_skipped": faults.skipped(),
             "pods_created": churn.created,
             "pods_deleted": churn.deleted,
+            # the churn's weight: admissions over the fault phase (the default plan aims at >= 2/s)
+            "pods_admitted_per_s": round(state.get("pods_admitted", 0) / args.seconds, 2),
             "converged": converged,
             "converge_s": round(waited, 1),
             "setup_s": round(setup_s, 1),

@@ -68,8 +68,8 @@ API_SCOPES: dict[str, tuple[str | None, str | None]] = {
 # Pod shapes of the churn: (name, weight)
 SHAPES = (("shared", 40), ("whole", 10), ("multi", 15), ("init", 15), ("percent", 10), ("cores-only", 10))
 NAMESPACES = ("chaos-a", "chaos-b")
-POD_RATE_PER_S = 0.7
-LIFETIME_S = (6.0, 60.0)
+POD_RATE_PER_S = 4.0  # pods created per second: the soak admits >= 2/s on its default 4 nodes
+LIFETIME_S = (3.0, 12.0)  # short lives: 4 nodes x 4 GPUs x 4 slots turn over fast enough for that rate
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks import goals
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_agent.deviceplugin.manager import DevicePluginManager
 from hami_agent.deviceplugin.podsource import MemoryPodSource
@@ -205,10 +206,28 @@ def gpusim_source(tmp: str, hung: bool):
     return node, sup
 
 
+SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table
+GOAL_RATIO = 3.0  # DESIGN §2 rule 1: ours <= 3x the bare round trip, NVML healthy or hung
+OURS = ("hami-agent, NVML healthy", "hami-agent, NVML hung (seed 003)")
+
+
+def figures(results: dict[str, dict[str, dict[str, float]]]) -> list[tuple[str, str, str, bool]]:
+    """(figure, value, goal, met): each RPC's p50 against the bare server's, NVML healthy and hung."""
+    rows = []
+    for scenario in OURS:
+        for method, fig in results.get(scenario, {}).items():
+            ratio = fig["p50_ratio_to_bare"]
+            rows.append((f"device plugin {method} p50 vs bare gRPC, {scenario.split(', ', 1)[1]}",
+                         f"{ratio:.2f}x ({fig['p50_ms']:.3f} ms)", f"<= {GOAL_RATIO:g}x",
+                         ratio <= GOAL_RATIO))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.deviceplugin.bench")
     p.add_argument("--calls", type=int, default=300, help="RPC pairs per scenario (default 300)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    goals.add_flag(p)
     args = p.parse_args(argv)
     logging.getLogger("hami_agent").setLevel(logging.ERROR)
     sock_dir = tempfile.mkdtemp(prefix="dpb-", dir="/tmp")
@@ -253,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         for method, fig in per.items():
             fig["p50_ratio_to_bare"] = fig["p50_ms"] / bare[method]["p50_ms"]
             fig["p99_ratio_to_bare"] = fig["p99_ms"] / bare[method]["p99_ms"]
+    SUMMARY[:] = figures(results)
     if args.json:
-        print(json.dumps(results, indent=2))
-        return 0
+        print(json.dumps({**results, "figures": SUMMARY}, indent=2))
+        return goals.exit_code(SUMMARY, args.no_goals)
     print(
         f"device plugin RPC latency over a unix socket, {args.calls} calls per row "
         f"(python {sys.version.split()[0]}, grpcio {grpc.__version__})"
@@ -267,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:36} {method:24} {fig['p50_ms']:8.3f} {fig['p99_ms']:8.3f} "
                 f"{fig['p50_ratio_to_bare']:10.2f} {fig['p99_ratio_to_bare']:10.2f}"
             )
-    print("goal: <= 3x bare and no change while NVML is hung (figures are printed, never asserted)")
-    return 0
+    for name, value, goal, ok in SUMMARY:
+        print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
+    return goals.exit_code(SUMMARY, args.no_goals)
 
 
 if __name__ == "__main__":

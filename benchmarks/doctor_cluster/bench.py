@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import goals
 from benchmarks.doctor_cluster.fleet import populate
 from hami_agent.k8s.client import PAGE_SIZE
 
@@ -83,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="10 and 100 nodes only (smoke run)")
     p.add_argument("--json", action="store_true")
+    goals.add_flag(p)
     args = p.parse_args(argv)
     sizes = [(10, 100), (100, 1000)] if args.quick else [(100, 1000), (1000, 10000)]
     results = [run_once(n, m) for n, m in sizes]
     if args.json:
         SUMMARY[:] = figures(results)
         print(json.dumps({"sizes": results, "figures": SUMMARY}, indent=2))
-        return 0
+        return goals.exit_code(SUMMARY, args.no_goals)
     print("doctor cluster against the SIMULATED API server (real CLI process; requests counted by the "
           "server)")
     print(f"{'nodes':>6} {'pods':>6} {'wall s':>7} {'requests by verb':<40} {'MiB read':>8} {'reports':>8} "
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     SUMMARY[:] = figures(results)
     for name, value, goal, ok in SUMMARY:
         print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
-    return 0
+    return goals.exit_code(SUMMARY, args.no_goals)
 
 
 if __name__ == "__main__":

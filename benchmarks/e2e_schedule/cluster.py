@@ -49,6 +49,7 @@ from tests.sim.ports import free_port
 from tests.unit.deviceplugin.fakes import FakeGpu, FakeSnapshot, FakeSource
 
 GPU = "nvidia.com/gpu"
+CREATE_IN_FLIGHT = 16  # pod creates in flight at most (a controller's parallel batch; the client's pool)
 
 
 def wait_for(pred: Any, timeout: float, step: float = 0.02) -> bool:
@@ -282,9 +283,10 @@ class SimCluster:
         self.lock_set: dict[str, float] = {}  # lock value -> first seen
         self.lock_released: dict[str, float] = {}  # lock value -> gone
         self.pod_times: dict[str, dict[str, float]] = {}  # "ns/name" -> stage -> time first seen
+        self.created_at: dict[str, float] = {}  # "ns/name" -> when its create returned
 
     # -------------------------------------------------------------------------------- lifecycle
-    def start(self) -> SimCluster:
+    def start(self, *, hold_scheduler: bool = False) -> SimCluster:
         self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"))
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=10, component="bench")
         names = [f"node-{i:03d}" for i in range(self.n_nodes)]
@@ -306,10 +308,17 @@ class SimCluster:
         assert self._pods.wait_synced(30) and self._locks.wait_synced(30)
         if self.extender:
             self._start_extender()
+        if not hold_scheduler:
+            self.start_scheduler()
+        return self
+
+    def start_scheduler(self) -> None:
+        """The kube-scheduler simulator (``start(hold_scheduler=True)`` leaves it to the caller: pods
+        created before it starts wait in its queue as after a kube-scheduler restart)."""
+        assert self.api is not None and self.sim is None
         sched_client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, component="kube-scheduler")
         self.sim = KubeSchedulerSim(sched_client, self.extender_url, post_events=True,
                                     **self.queue_kw).start()
-        return self
 
     def _start_nodes(self, names: list[str]) -> None:
         assert self.api is not None
@@ -443,23 +452,32 @@ class SimCluster:
 
     # ---------------------------------------------------------------------------------- workload
     def create_pods(self, prefix: str, n: int, *, gpus: int = 1, mem: int | None = 4096,
-                    cores: int | None = 10) -> list[str]:
+                    cores: int | None = 10, in_flight: int = CREATE_IN_FLIGHT) -> list[str]:
+        """Create ``n`` pods as a workload controller does: concurrently, at most ``in_flight`` requests at
+        a time (the Job and ReplicaSet controllers create a batch of pods in parallel, ``slowStartBatch``
+        in kubernetes ``pkg/controller/replicaset/replica_set.go``). Records each pod's create time in
+        ``created_at``. Returns the pods' keys in name order."""
         limits = {GPU: str(gpus)}
         if self.extender:
             if mem is not None:
                 limits["nvidia.com/gpumem"] = str(mem)
             if cores is not None:
                 limits["nvidia.com/gpucores"] = str(cores)
-        keys_ = []
-        for i in range(n):
+        assert self.client is not None
+        client = self.client
+
+        def create(i: int) -> str:
             name = f"{prefix}-{i:04d}"
-            assert self.client is not None
-            self.client.create("pods", {"apiVersion": "v1", "kind": "Pod",
-                             "metadata": {"name": name, "namespace": "default", "labels": {"job": prefix}},
-                             "spec": {"schedulerName": "hami-scheduler", "containers": [
-                                 {"name": "main", "image": "cuda", "resources": {"limits": dict(limits)}}]}})
-            keys_.append(f"default/{name}")
-        return keys_
+            container = {"name": "main", "image": "cuda", "resources": {"limits": dict(limits)}}
+            meta = {"name": name, "namespace": "default", "labels": {"job": prefix}}
+            client.create("pods", {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                                   "spec": {"schedulerName": "hami-scheduler", "containers": [container]}})
+            with self._lock:
+                self.created_at[f"default/{name}"] = time.monotonic()
+            return f"default/{name}"
+
+        with cf.ThreadPoolExecutor(max_workers=max(1, in_flight), thread_name_prefix="create") as pool:
+            return list(pool.map(create, range(n)))
 
     def wait_running(self, keys_: list[str], timeout: float) -> bool:
         return wait_for(lambda: all(k in self.running_at for k in keys_), timeout, step=0.05)

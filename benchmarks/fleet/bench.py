@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import goals
 from benchmarks.fleet import inventory as inv
 from benchmarks.fleet import model
 
@@ -902,6 +903,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--report", metavar="FLEET_JSON", help="only print the report of an earlier run's fleet.json"
     )
     p.add_argument("--json", action="store_true")
+    goals.add_flag(p)
     g = p.add_argument_group("the simulated roll (no podman; needs plugins/module_utils/_rollout.py)")
     g.add_argument("--roll-only", action="store_true", help="only the simulated roll")
     g.add_argument("--no-roll", action="store_true", help="skip the simulated roll")
@@ -1006,13 +1008,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         results = json.loads(Path(args.report).read_text())
         report(results, forks, args.controller_cores, args.rtt)
-        return 0
+        return goals.exit_code(SUMMARY, args.no_goals)
     if args.roll_only:
         results = {"roll": run_roll(args)}
         report(results, forks, args.controller_cores, args.rtt)
         if args.json:
             print(json.dumps({"figures": SUMMARY, **results}, indent=2, default=str))
-        return 0
+        return goals.exit_code(SUMMARY, args.no_goals)
     if os.geteuid() != 0 or shutil.which("podman") is None:
         print("fleet: needs root and podman (the hosts are podman containers)", file=sys.stderr)
         return 2
@@ -1039,7 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
     report(bench.results, forks, args.controller_cores, args.rtt)
     if args.json:
         print(json.dumps({"figures": SUMMARY, **bench.results}, indent=2, default=str))
-    return rc
+    return rc or goals.exit_code(SUMMARY, args.no_goals)
 
 
 if __name__ == "__main__":

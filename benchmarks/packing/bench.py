@@ -32,6 +32,7 @@ import random
 import statistics
 import time
 
+from benchmarks import goals
 from benchmarks.packing.exact import pod_fits_node
 from hami_agent.protocol import keys
 from hami_agent.scheduler.core.fit import pod_context
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks packing")
     ap.add_argument("--quick", action="store_true", help="300 pods and 60 small instances")
     ap.add_argument("--seed", type=int, default=19)
+    goals.add_flag(ap)  # accepted for the runner: this benchmark prints no goal
     args = ap.parse_args(argv)
     n_pods, n_small = (300, 60) if args.quick else (1000, 200)
     events = trace(n_pods, args.seed)

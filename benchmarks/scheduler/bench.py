@@ -28,6 +28,7 @@ import json
 import threading
 import time
 
+from benchmarks import goals
 from benchmarks.scheduler.trace import GPUS_PER_NODE
 from hami_agent.scheduler.serve.gctune import settle_heap
 from hami_agent.scheduler.serve.server import ExtenderHTTPServer
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--shapes", type=int, default=240, help="distinct request shapes in the trace")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    goals.add_flag(p)
     args = p.parse_args(argv)
     n = args.requests or (400 if args.quick else 3000)
     reqs = trace(shapes(args.shapes), n)
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     SUMMARY[:] = figures(results)
     if args.json:
         print(json.dumps({"sizes": results, "figures": SUMMARY}, indent=2))
-        return 0
+        return goals.exit_code(SUMMARY, args.no_goals)
     print(
         f"scheduler extender /filter, realistic trace: {results[0]['shapes']} distinct shapes in {n} "
         "requests (Zipf popularity), SIMULATED fleet (A100, H100 and MIG nodes, 0-12 running pods each) in "
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold = the first request of a shape, or of a shape evicted from the fit memo (LRU of 64 shapes): "
         "fitted best-first until a node fits; warm = re-fits only nodes whose usage changed"
     )
-    return 0
+    return goals.exit_code(SUMMARY, args.no_goals)
 
 
 if __name__ == "__main__":

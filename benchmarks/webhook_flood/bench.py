@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import goals
+
 SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for make bench's table
 RUN_BY_DEFAULT = True  # about 80 s with the defaults
 GOAL_RATIO = 2.0
@@ -161,6 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated, of: {', '.join(ARRANGEMENTS)} (default: {', '.join(DEFAULT)})")
     p.add_argument("--quick", action="store_true", help="one round of four windows")
     p.add_argument("--json", action="store_true")
+    goals.add_flag(p)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.windows = 1, 4
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     SUMMARY[:] = figures(stats) if FIGURE in stats else []
     if args.json:
         print(json.dumps({"stats": stats, "figures": SUMMARY}, indent=2))
-        return 0
+        return goals.exit_code(SUMMARY, args.no_goals)
     print(f"\n/filter under a {args.clients}-client TLS webhook flood, {args.rounds} round(s) x "
           f"{args.windows} windows of {args.window:g} s, {os.cpu_count()} CPUs")
     print(f"{'arrangement':<12} {'quiet p50':>9} {'p99':>7} {'flooded p50':>11} {'p99':>7} {'ratio':>6} "
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['arrival_p99_off']:>6.2f} {s['arrival_mean_on']:>12.2f} {s['arrival_p99_on']:>6.2f}")
     for name, value, goal, ok in SUMMARY:
         print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
-    return 0
+    return goals.exit_code(SUMMARY, args.no_goals)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,56 @@ def test_no_read_on_a_node_with_more_pods_in_the_way_than_one_refusal_may_read()
     assert len(api.gets) == 2 and used(cache, "n2") == 8000 - 8000 % 3 and used(cache, "n3") == 0
 
 
+def test_up_to_ten_pods_in_the_way_are_read_back() -> None:
+    """Eight pods sharing one GPU (split 10), all gone from the API: one refusal reads them all."""
+    cache, api = UsageCache(), ApiPods()
+    full_node(cache, "n1", pods=8)
+    check = GoneCheck(cache, api)
+    assert check.release(["n1"], WHOLE, CTX, "uid-new") == ["n1"]
+    assert len(api.gets) == 8 and used(cache) == 0
+
+
+def test_a_busy_node_is_read_back_gpu_by_gpu() -> None:
+    """More pods on the node than one refusal may read (4 GPUs x 3 pods, 4 GETs): for a one-GPU pod the
+    pods of one GPU are read, fewest first; a GPU whose pods are gone frees the node."""
+    cache, api = UsageCache(), ApiPods()
+    cache.set_node("n1", [dev(i, mem=9000, count=10, uuid=f"GPU-{i}") for i in range(4)])
+    pods = {i: [usage(f"g{i}-p{k}", "n1", f"GPU-{i}", 3000) for k in range(3)] for i in range(4)}
+    pods[2] = pods[2][:1]  # GPU-2 holds one pod: read first
+    for group in pods.values():
+        for u in group:
+            cache.observe(u.uid, u, None)
+    for i in (0, 1, 3):
+        for u in pods[i]:
+            api.put(u)  # GPU-2's pod is gone from the API, every other pod is there
+    check = GoneCheck(cache, api, max_gets=4)
+    assert check.release(["n1"], WHOLE, CTX, "uid-new") == ["n1"]
+    assert api.gets[0] == ("default", "g2-p0") and len(api.gets) <= 4
+    assert cache.pods.get(pods[2][0].uid) is None and check.released == 1
+    # a pod asking two GPUs is not helped by one GPU's pods: no read
+    api.gets.clear()
+    assert GoneCheck(cache, api, max_gets=4).release(["n1"], preq(req(nums=2, mem=9000)), CTX, "x") == []
+    assert api.gets == []
+
+
+def test_the_gpu_by_gpu_pass_walks_a_bounded_number_of_nodes() -> None:
+    """A refusal over many busy nodes walks the pods of ``max_fits`` of them at most (under the lock)."""
+    cache, api = UsageCache(), ApiPods()
+    for n in range(10):
+        full_node(cache, f"n{n}", pods=5)  # 5 pods on one GPU: more than 4 GETs, node and GPU alike
+    walked: list[str] = []
+    real = cache.few_settled_pods_per_gpu
+
+    def counting(node: str, at_most: int, skip: str = "") -> list:
+        walked.append(node)
+        return real(node, at_most, skip)
+
+    cache.few_settled_pods_per_gpu = counting  # type: ignore[method-assign]
+    names = [f"n{n}" for n in range(10)]
+    assert GoneCheck(cache, api, max_gets=4, max_fits=3).release(names, WHOLE, CTX, "uid-new") == []
+    assert walked == ["n0", "n1", "n2"] and api.gets == []
+
+
 def test_assumptions_are_never_suspects() -> None:
     """A pod /filter just placed (its annotation write not seen by the informer yet) is not in the API's
     answer as the cache counts it: it must keep its GPU."""

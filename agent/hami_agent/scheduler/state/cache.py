@@ -305,6 +305,22 @@ class UsageCache:
                     out[node] = few
         return out
 
+    def few_settled_pods_per_gpu(self, node: str, at_most: int, skip: str = "") -> list[list[PodUsage]]:
+        """The pods the cache counts on ``node`` from the informer's view (as ``few_settled_pods``), grouped
+        by the GPU they use, each group of 1 to ``at_most`` pods, fewest first; a pod on several GPUs is in
+        each of their groups. For a node with too many pods in all for one refusal to read: the pods of one
+        GPU may be all that stands between a one-GPU pod and the node."""
+        groups: dict[str, list[PodUsage]] = {}
+        with self.lock:
+            for uid in self._pods_by_node.get(node, ()):
+                if uid == skip or uid in self._assumed:
+                    continue
+                pod = self.pods[uid]
+                for gpu in pod.devices:
+                    groups.setdefault(gpu, []).append(pod)
+        few = [sorted(g, key=lambda u: u.uid) for _gpu, g in sorted(groups.items()) if len(g) <= at_most]
+        return sorted(few, key=len)
+
     def fits_without(self, node: str, gone: list[PodUsage], preq: PodRequest, ctx: PodContext) -> bool:
         """Whether the pod would fit ``node`` if the pods ``gone`` counted nothing (on a copy: the cache is
         not changed)."""

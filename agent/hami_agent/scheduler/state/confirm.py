@@ -15,11 +15,16 @@ longer has (404, or the name now belongs to another UID) or that has finished is
 /filter decides once more. A pod that still exists keeps counting, whatever its state (a terminating pod's
 containers may still run), so the cache never counts less than the API shows: no GPU is over-committed.
 
-Cost, bounded: at most ``max_gets`` GETs per refusal (a cluster whose candidate nodes hold more pods than
-that each is not checked at all: no request), each with a short timeout inside one ``budget_s`` for the
-whole check, and a client-side rate limit shared by all refusals (a refusal that finds no token does not
-check). The informer stays the source of truth: its later events for a pod forgotten here change nothing
-(the pod is gone), and an older event it replays first can only count the pod again for a moment
+A node with more pods than one refusal may read is looked at GPU by GPU when every container of the pod
+asks one GPU at most: the pods of one GPU are suspects when they alone keep the pod off the node, the
+GPUs with the fewest pods first, within ``max_gets`` in all (the default split of 10 lets ten pods share
+a GPU: ``max_gets`` covers one such GPU, or an 8-GPU node with a pod on each GPU).
+
+Cost, bounded: at most ``max_gets`` GETs per refusal (a cluster whose candidate nodes, and GPUs, hold more
+pods than that each is not checked at all: no request), each with a short timeout inside one ``budget_s``
+for the whole check, and a client-side rate limit shared by all refusals (a refusal that finds no token
+does not check). The informer stays the source of truth: its later events for a pod forgotten here change
+nothing (the pod is gone), and an older event it replays first can only count the pod again for a moment
 (over-counting is safe).
 """
 
@@ -40,7 +45,7 @@ from hami_agent.scheduler.state.podinfo import is_terminated
 
 logger = logging.getLogger(__name__)
 
-MAX_GETS = 4  # GETs per refusal at most
+MAX_GETS = 10  # GETs per refusal at most: every pod that one GPU holds at the default split of 10
 MAX_FITS = 64  # candidate nodes examined per refusal at most (a fit on a copy each: ~0.1 ms)
 
 
@@ -66,16 +71,39 @@ class GoneCheck:
         """The counted pods that alone keep the pod off a candidate node, fewest per node first, at most
         ``max_gets`` of them."""
         per_node: list[tuple[int, str, list[PodUsage]]] = []
-        # nodes with nothing to confirm, or more pods than one refusal may read, are passed over
+        # nodes with nothing to confirm, or more pods than one refusal may read, are passed over here
         few = self.cache.few_settled_pods(names, self.max_gets, skip=uid)
         for node, pods in sorted(few.items(), key=lambda kv: (len(kv[1]), kv[0]))[:self.max_fits]:
             if self.cache.fits_without(node, pods, preq, ctx):
                 per_node.append((len(pods), node, pods))
+        if not per_node and not preq.mig and all(c is None or c.nums <= 1 for c in preq.containers):
+            per_node = self._one_gpu_suspects(names, set(few), preq, ctx, uid)
         out: list[PodUsage] = []
         for _n, _node, pods in sorted(per_node, key=lambda t: (t[0], t[1])):
             if len(out) + len(pods) > self.max_gets:
                 break
             out.extend(pods)
+        return out
+
+    def _one_gpu_suspects(self, names: Iterable[str], seen: set[str], preq: PodRequest, ctx: PodContext,
+                          uid: str) -> list[tuple[int, str, list[PodUsage]]]:
+        """For a one-GPU pod, on busy nodes (more pods than one refusal may read): per GPU, its pods, when
+        they alone keep the pod off the node. At most ``max_fits`` nodes walked and fits on a copy, as above;
+        which GPU freed is not known here, so the GPUs with the fewest pods are read first."""
+        out: list[tuple[int, str, list[PodUsage]]] = []
+        fits = walked = 0
+        for node in dict.fromkeys(names):
+            if node in seen:
+                continue
+            if walked >= self.max_fits:  # each node's pods are walked: a refusal at 5,000 nodes walks few
+                return out
+            walked += 1
+            for pods in self.cache.few_settled_pods_per_gpu(node, self.max_gets, skip=uid):
+                if fits >= self.max_fits:
+                    return out
+                fits += 1
+                if self.cache.fits_without(node, pods, preq, ctx):
+                    out.append((len(pods), node, pods))  # read fewest first, within max_gets in all
         return out
 
     def release(self, names: Iterable[str], preq: PodRequest, ctx: PodContext, uid: str) -> list[str]:
