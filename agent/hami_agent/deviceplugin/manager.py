@@ -440,9 +440,15 @@ class DevicePluginManager:
                     gen = -1
                     continue
                 snap = self.source.wait_for_change(gen, self.settings.poll_interval_s)
+                changed = getattr(snap, "generation", 0) != gen
                 gen = getattr(snap, "generation", 0)
-                self._apply_snapshot(snap)  # also re-evaluates health recovery every tick
-                self._sync_servers()
+                # Idle ticks cost only the socket checks: the plan is rebuilt when NVML's inventory changed
+                # (a new generation) or while a device waits out its recovery quiet period (time-based).
+                if changed or self.health.pending_recoveries():
+                    self._apply_snapshot(snap)
+                else:
+                    self._update_nvml_metrics(snap)
+                self._sync_servers()  # also retries a server whose start failed
                 self._check_sockets()
                 self._check_streams()
         except Exception as exc:  # keep the exit path orderly and the cause in the log

@@ -197,6 +197,8 @@ class PluginServer:
         self.registry_path = os.path.join(settings.plugins_registry_dir,
                                           plan.endpoint.removesuffix(".sock") + "-reg.sock")
         self._stopping = threading.Event()
+        self._probe: grpc.Channel | None = None  # self_check's channel to our own socket
+        self._probe_lock = threading.Lock()
         self.watcher_registered = threading.Event()
         # set when a ListAndWatch stream ends while this server still serves (the manager registers again)
         self.stream_lost = threading.Event()
@@ -242,14 +244,26 @@ class PluginServer:
         if self._registration is not None:
             self._registration.stop(grace)
         self._plugin.stop(grace)  # removes the socket only if it is still ours (never a newer instance's)
+        self._close_probe()
 
     def self_check(self, timeout: float = 1.0) -> str | None:
         """None when the server answers GetDevicePluginOptions over its socket within ``timeout``."""
         if not self.socket_ok():
             return f"socket {self.path} missing"
+        with self._probe_lock:
+            if self._probe is None:
+                # one channel for the server's life: a new one per check cost ~1 ms of CPU every 5 s per
+                # resource, most of an idle node's cost (issue 31)
+                self._probe = grpc.insecure_channel(f"unix://{self.path}")
+            stub = api_pb2_grpc.DevicePluginStub(self._probe)
         try:
-            with grpc.insecure_channel(f"unix://{self.path}") as ch:
-                api_pb2_grpc.DevicePluginStub(ch).GetDevicePluginOptions(api_pb2.Empty(), timeout=timeout)
+            stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=timeout)
         except grpc.RpcError as exc:
             return f"GetDevicePluginOptions on {self.path}: {exc.code().name} {exc.details()}"
         return None
+
+    def _close_probe(self) -> None:
+        with self._probe_lock:
+            probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.close()

@@ -21,6 +21,12 @@ from hami_agent import log
 
 logger = logging.getLogger(__name__)
 
+# nvmlEventSetWait's timeout per call, as NVIDIA's k8s-device-plugin waits (internal/rm/health.go:
+# eventSet.Wait(5000)): an event ends the wait at once, so the timeout only sets how often an idle
+# node's worker wakes (and tells its supervisor about the call).
+EVENT_WAIT_MS = 5000
+_WAKE: dict[str, Any] = {"t": "wake"}  # put by wake(); never a worker's message
+
 # The package root (…/agent) so the worker can import hami_agent even from a source checkout.
 _PKG_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -41,7 +47,7 @@ class WorkerProcess:
     refresh_s: float = 10.0
     call_limit_s: float = 5.0
     events: bool = False
-    event_wait_ms: int = 1000
+    event_wait_ms: int = EVENT_WAIT_MS
     proc: subprocess.Popen[bytes] | None = None
     messages: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
     inflight: dict[int, InFlight] = field(default_factory=dict)
@@ -80,10 +86,12 @@ class WorkerProcess:
         self.messages.put(None)  # EOF: the worker exited (or closed stdout)
 
     def next_message(self, timeout: float) -> tuple[bool, dict[str, Any] | None]:
-        """(got, msg): got=False on timeout; msg=None means the worker's output ended."""
+        """(got, msg): got=False on timeout or ``wake()``; msg=None means the worker's output ended."""
         try:
             msg = self.messages.get(timeout=max(0.0, timeout))
         except queue.Empty:
+            return False, None
+        if msg is _WAKE:
             return False, None
         if msg is not None:
             self._track(msg)
@@ -105,6 +113,10 @@ class WorkerProcess:
             if now - call.started > call.limit:
                 return call
         return None
+
+    def wake(self) -> None:
+        """End a reader's ``next_message`` wait now (its owner is stopping)."""
+        self.messages.put(_WAKE)
 
     def until_next_deadline(self, now: float | None = None) -> float | None:
         """Seconds until the first in-flight call passes its deadline (<= 0: passed); None when idle.

@@ -30,7 +30,7 @@ from hami_agent.nvml.model import (
     Snapshot,
     xid_reason,
 )
-from hami_agent.nvml.process import InFlight, WorkerProcess
+from hami_agent.nvml.process import EVENT_WAIT_MS, InFlight, WorkerProcess
 from hami_agent.nvml.reaper import WorkerReaper, default_reaper
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 STARTUP_GRACE_S = 10.0  # extra time a fresh interpreter gets to import pynvml before its first call
 UNKILLABLE_GRACE_S = 1.0  # a just-killed worker gets this long to exit before we call it unkillable
 REAP_EVERY_S = 1.0
+IDLE_WAKE_S = 1.0  # the worker loop's longest sleep: reaping and the startup limit are checked this often
 
 
 class _Metrics:
@@ -63,7 +64,8 @@ class _Metrics:
 class NvmlSupervisor:
     def __init__(self, lib_path: str | os.PathLike[str] | None = None, call_timeout_s: float = 5.0,
                  refresh_interval_s: float = 10.0, *, registry: Any = None, watch_events: bool = True,
-                 event_wait_ms: int = 1000, backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
+                 event_wait_ms: int = EVENT_WAIT_MS, backoff_initial_s: float = 1.0,
+                 backoff_max_s: float = 60.0,
                  xid_policy: XidPolicy | None = None, env: Mapping[str, str] | None = None,
                  reaper: WorkerReaper | None = None) -> None:
         if call_timeout_s <= 0 or refresh_interval_s <= 0:
@@ -101,6 +103,9 @@ class NvmlSupervisor:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        w = self._worker
+        if w is not None:
+            w.wake()
         if self._thread is not None:
             self._thread.join(timeout)
         w = self._worker
@@ -208,7 +213,10 @@ class NvmlSupervisor:
         got_any = got_inventory = False
         while not self._stop.is_set():
             due = w.until_next_deadline()
-            got, msg = w.next_message(0.1 if due is None else min(0.1, max(due, 0.0) + 0.0002))
+            # sleep until the next call's deadline (a 1 ms deadline included), at most IDLE_WAKE_S; stop()
+            # wakes us at once
+            wait = IDLE_WAKE_S if due is None else min(IDLE_WAKE_S, max(due, 0.0) + 0.0002)
+            got, msg = w.next_message(wait)
             if time.monotonic() - self._last_reap >= REAP_EVERY_S:
                 self._reap()
             overdue = w.overdue()

@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh", type=float, default=10.0)
     ap.add_argument("--call-limit", type=float, default=5.0)
     ap.add_argument("--events", type=int, default=1)
-    ap.add_argument("--event-wait-ms", type=int, default=1000)
+    ap.add_argument("--event-wait-ms", type=int, default=5000)  # process.EVENT_WAIT_MS
     args = ap.parse_args(argv)
 
     # Our protocol owns fd 1; anything else printing to stdout (a library) goes to stderr instead.
