@@ -87,6 +87,9 @@ class SchedulerConfig:
     # pool; /bind waits for that write (verbs/writebehind.py). False: /filter answers after the write,
     # as HAMi
     write_behind: bool = True
+    # GPU preemption (issue 29, docs/scheduler.md "Preemption"): "off" = HAMi's answers (HAMi never evicts
+    # for GPUs); serve/cmd.py refuses the other modes until they are built
+    preemption: str = "off"
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
