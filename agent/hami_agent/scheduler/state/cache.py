@@ -342,8 +342,9 @@ class UsageCache:
     def _set(self, uid: str, pod: PodUsage | None) -> PodUsage | None:
         """Make ``pod`` the counted usage of ``uid`` (None: nothing); returns the previous one."""
         old = self.pods.get(uid)
-        if pod is not None and old is not None and (old.node, old.devices, old.mig, old.mig_alloc) == (
-                pod.node, pod.devices, pod.mig, pod.mig_alloc):
+        if pod is not None and old is not None and old.same_usage(pod):
+            if old.terminating != pod.terminating:  # the usage is the same; the record says it is going
+                self.pods[uid] = pod
             return old  # informer echo of our own reservation: nothing changed
         if old is not None:
             del self.pods[uid]

@@ -38,7 +38,7 @@ from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservati
 from hami_agent.scheduler.state.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.state.heal import Healer
 from hami_agent.scheduler.state.nodelocks import NodeLocks
-from hami_agent.scheduler.state.podinfo import annotations, signature
+from hami_agent.scheduler.state.podinfo import annotations, preemption_fields, signature
 from hami_agent.scheduler.state.podstate import PodRefused, PodStates
 from hami_agent.scheduler.state.reconcile import APPLIED, NOT_APPLIED, Reconciler
 from hami_agent.scheduler.verbs import events as ev
@@ -227,7 +227,8 @@ class Extender:
                 self.cache.assume(uid, PodUsage(uid=uid, namespace=ns, name=name, node=dec.node,
                                                 devices=collapse(dec.fit.containers, preq.n_init),
                                                 mig=preq.mig,
-                                                mig_alloc=mig_reservations(dec.fit.containers)),
+                                                mig_alloc=mig_reservations(dec.fit.containers),
+                                                **preemption_fields(pod)),
                                   (dec.node, encoded, vtime))
             elif not simulate:
                 self.cache.restore(uid, prev)
