@@ -33,10 +33,12 @@ from hami_agent.scheduler.core.fit import PodContext, QuotaBudget, pod_context
 from hami_agent.scheduler.core.model import Picked, PodUsage
 from hami_agent.scheduler.core.nodes import mig_capacity, node_devices, node_extras
 from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.state import holds as holds_mod
 from hami_agent.scheduler.state.busy import BusyNodes
 from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservations
 from hami_agent.scheduler.state.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.holds import Holds
 from hami_agent.scheduler.state.nodelocks import NodeLocks
 from hami_agent.scheduler.state.podinfo import annotations, preemption_fields, signature
 from hami_agent.scheduler.state.podstate import PodRefused, PodStates
@@ -146,6 +148,7 @@ class Extender:
         self.node_locks = NodeLocks()
         self.busy = BusyNodes(self.node_locks)
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
+        self.holds = Holds()  # GPU capacity kept for preemptors (state/holds.py)
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict, *, write_behind: bool = False) -> dict:
@@ -210,6 +213,11 @@ class Extender:
         avoid = self.busy.nodes() if self.config.avoid_busy_nodes and not simulate else frozenset()
         given = self._given_nodes(fa.nodes) if simulate else []
         encoded = vtime = mig = ""
+        rec = preemption_fields(pod)
+        held: dict = {}
+        if len(self.holds) and not simulate:
+            self.holds.expire()
+            held = self.holds.against(uid, rec["priority"])
         with self.cache.lock:
             prev = None if simulate else self.cache.exclude(uid)  # a retry must not count the pod twice
             # budget under the lock: concurrent filters of one namespace must see each other's pods
@@ -217,9 +225,9 @@ class Extender:
             if simulate:
                 dec = self.cache.simulate(given, preq, ctx, quota)
             else:
-                dec = self.cache.decide(fa.names, preq, ctx, quota,
-                                        self.config.event_nodes if self.events else 0, pod_name=name,
-                                        avoid=avoid)
+                dec = holds_mod.decide(self.cache, fa.names, held, preq, ctx, quota,
+                                       event_nodes=self.config.event_nodes if self.events else 0,
+                                       pod_name=name, avoid=avoid)
             if dec.node is not None and not simulate:
                 encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
                 mig = mig_allocations_value(dec.fit.containers)
@@ -227,9 +235,9 @@ class Extender:
                 self.cache.assume(uid, PodUsage(uid=uid, namespace=ns, name=name, node=dec.node,
                                                 devices=collapse(dec.fit.containers, preq.n_init),
                                                 mig=preq.mig,
-                                                mig_alloc=mig_reservations(dec.fit.containers),
-                                                **preemption_fields(pod)),
+                                                mig_alloc=mig_reservations(dec.fit.containers), **rec),
                                   (dec.node, encoded, vtime))
+                self.holds.release(uid)  # its own hold, if any: the assumption counts the devices now
             elif not simulate:
                 self.cache.restore(uid, prev)
         if dec.node is None and not simulate and not confirmed and self.gone_check is not None:
