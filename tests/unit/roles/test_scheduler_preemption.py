@@ -1,8 +1,8 @@
-"""Issue 29 item 3, step 1: the ``--preemption`` flag and the role's ``hami_scheduler_preemption``. The
-default is ``off`` (HAMi never evicts for GPUs); ``extender`` is refused by the agent and by the role's
-check until acting from /filter is built, and ``kube-scheduler`` by the agent (v1.38's preemption with
-filter extenders is not read yet). kube-scheduler's configuration names ``preemptVerb`` only when
-preemption is not off."""
+"""Issue 29 item 3: the ``--preemption`` flag and the role's ``hami_scheduler_preemption``. The default is
+``off`` (HAMi never evicts for GPUs); the agent runs ``extender`` (/filter preempts), the role's check
+refuses it until /preempt exists (kube-scheduler's configuration then names ``preemptVerb``), and the
+agent refuses ``kube-scheduler`` (v1.38's preemption with filter extenders is not read yet).
+kube-scheduler's configuration names ``preemptVerb`` only when preemption is not off."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def test_the_flag_defaults_to_off_and_refuses_what_is_not_built():
     p = _parser()
     assert scheduler_cmd.build_config(p.parse_args([])).preemption == "off"
     assert scheduler_cmd.build_config(p.parse_args(["--preemption", "off"])).preemption == "off"
-    with pytest.raises(ValueError, match=r"--preemption extender: not implemented yet.*use --preemption off"):
-        scheduler_cmd.build_config(p.parse_args(["--preemption", "extender"]))
+    assert scheduler_cmd.build_config(p.parse_args(["--preemption", "extender"])).preemption == "extender"
     with pytest.raises(ValueError, match=r"--preemption kube-scheduler: not implemented.*135486"):
         scheduler_cmd.build_config(p.parse_args(["--preemption", "kube-scheduler"]))
     with pytest.raises(SystemExit):  # argparse names the choices
@@ -44,9 +43,9 @@ def test_the_flag_defaults_to_off_and_refuses_what_is_not_built():
 def test_a_refused_mode_fails_the_start_as_bad_flags(caplog):
     p = _parser()
     p.add_argument("--kubeconfig", default="")
-    args = p.parse_args(["--preemption", "extender"])
+    args = p.parse_args(["--preemption", "kube-scheduler"])
     assert scheduler_cmd.run(args) == 2
-    assert "bad flags: --preemption extender: not implemented yet" in caplog.text
+    assert "bad flags: --preemption kube-scheduler: not implemented" in caplog.text
 
 
 def test_role_default_is_the_string_off_and_the_unit_passes_it():

@@ -124,6 +124,7 @@ class PodUsage:
     started: float = 0.0
     grace_s: int = DEFAULT_GRACE_S
     terminating: bool = False
+    bound: bool = False  # spec.nodeName set: only bound pods are victims (a /bind under way is not)
 
     def same_usage(self, other: PodUsage) -> bool:
         """Whether both count the same devices on the same node (the informer's echo of a decision)."""

@@ -172,19 +172,31 @@ def select_candidate(cands: Iterable[Victims]) -> Victims | None:
     return min((v for v in cands if v.pods), key=candidate_key, default=None)
 
 
+def num_candidates(potential: int) -> int:
+    """How many candidates the dry run wants: max(10 % of the potential nodes, 100), never more than there are
+    (``default_preemption.go`` ``calculateNumCandidates``, ``MinCandidateNodesPercentage`` 10 and
+    ``MinCandidateNodesAbsolute`` 100 by default)."""
+    return min(potential, max(potential * 10 // 100, 100))
+
+
 def preempt(nodes: Mapping[str, NodeState], pods_by_node: Mapping[str, Sequence[PodUsage]],
             names: Sequence[str], preq: PodRequest, ctx: PodContext, priority: int, policy: str,
             pdb: Collection[str] = (), max_fits: int = MAX_FITS) -> Victims | None:
     """The dry run over the candidate nodes ``names`` (those kube-scheduler sent, which passed its own
-    filters) and the pick among them; None when the pod may not preempt or no node can be helped."""
+    filters) and the pick among them; None when the pod may not preempt or no node can be helped. Only nodes
+    with a potential victim are tried, in the order given (upstream starts at a random offset), and the run
+    stops once it has ``num_candidates`` candidates of which one violates no PDB (``preemption.go``
+    ``:803-806``)."""
     if not eligible(policy) or preq.empty:
         return None
-    found = []
-    for n in dict.fromkeys(names):
-        st = nodes.get(n)
-        if st is None:
-            continue
-        v = select_victims_on_node(st, pods_by_node.get(n, ()), preq, ctx, priority, pdb, max_fits)
-        if v is not None:
+    potential = [n for n in dict.fromkeys(names)
+                 if n in nodes and potential_victims(pods_by_node.get(n, ()), priority)]
+    want = num_candidates(len(potential))
+    found: list[Victims] = []
+    for n in potential:
+        v = select_victims_on_node(nodes[n], pods_by_node.get(n, ()), preq, ctx, priority, pdb, max_fits)
+        if v is not None and v.pods:
             found.append(v)
+            if len(found) >= want and any(c.pdb_violations == 0 for c in found):
+                break
     return select_candidate(found)

@@ -81,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "let /bind wait for the write")
     p.add_argument("--preemption", choices=PREEMPTION_MODES, default="off",
                    help="GPU preemption (issue 29): off = HAMi's answers, a pod blocked only by "
-                        "lower-priority GPU pods stays Pending (HAMi never evicts for GPUs); extender and "
-                        "kube-scheduler are refused at start until built (docs/scheduler.md \"Preemption\")")
+                        "lower-priority GPU pods stays Pending (HAMi never evicts for GPUs); extender = "
+                        "/filter preempts lower-priority GPU pods itself; kube-scheduler is refused at start "
+                        "(not built; docs/scheduler.md \"Preemption\")")
     p.add_argument("--gpu-scheduler-policy", default=DEFAULT_GPU_POLICY,
                    help=f"{'|'.join(GPU_POLICIES)}, or a chain such as binpack,numa")
     p.add_argument("--default-mem", type=int, default=None,
@@ -152,12 +153,8 @@ PREEMPTION_MODES = ("off", "extender", "kube-scheduler")
 
 def preemption_mode(value: str) -> str:
     """The ``--preemption`` mode the scheduler can run, or ValueError naming what is missing."""
-    if value == "off":
+    if value in ("off", "extender"):
         return value
-    if value == "extender":
-        raise ValueError("--preemption extender: not implemented yet: the victim search (scheduler/core/"
-                         "preempt.py) and the holds (scheduler/state/holds.py) exist, acting from /filter "
-                         "(nomination, victims' DELETE) does not; use --preemption off (issue 29 item 3)")
     if value == "kube-scheduler":
         raise ValueError("--preemption kube-scheduler: not implemented: it needs kube-scheduler v1.38's "
                          "preemption with filter extenders (kubernetes/kubernetes#135486), not yet read; "

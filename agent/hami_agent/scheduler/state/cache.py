@@ -317,6 +317,11 @@ class UsageCache:
                     self._apply(copy, pod, -1)
             return self.evaluate(copy, preq, ctx, None).ok
 
+    def settled_pods_on(self, node: str) -> list[PodUsage]:
+        """The pods counted on ``node`` from the informer's view (not the assumptions: decisions still being
+        written or confirmed). Call under ``lock``."""
+        return [self.pods[u] for u in self._pods_by_node.get(node, ()) if u not in self._assumed]
+
     def forget_gone(self, uid: str, expect: PodUsage) -> PodUsage | None:
         """Stop counting a pod the API says is gone (deleted, or finished), read while the informer had
         not caught up yet: only while the cache still counts exactly ``expect`` for it from the informer
@@ -341,7 +346,7 @@ class UsageCache:
         """Make ``pod`` the counted usage of ``uid`` (None: nothing); returns the previous one."""
         old = self.pods.get(uid)
         if pod is not None and old is not None and old.same_usage(pod):
-            if old.terminating != pod.terminating:  # the usage is the same; the record says it is going
+            if old != pod:  # same usage, newer record (bound now, terminating): what preemption reads
                 self.pods[uid] = pod
             return old  # informer echo of our own reservation: nothing changed
         if old is not None:

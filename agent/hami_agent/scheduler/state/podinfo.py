@@ -155,7 +155,7 @@ def preemption_fields(pod: dict) -> dict:
             "preemption_policy": policy if policy in (PREEMPT_LOWER, PREEMPT_NEVER) else PREEMPT_LOWER,
             "created": created, "started": started,
             "grace_s": max(0, _int(spec.get("terminationGracePeriodSeconds"), DEFAULT_GRACE_S)),
-            "terminating": bool(md.get("deletionTimestamp"))}
+            "terminating": bool(md.get("deletionTimestamp")), "bound": bool(spec.get("nodeName"))}
 
 
 def mig_reservations_of(ann: dict, ns: str, name: str) -> dict[str, tuple[MigPlacement, ...]]:

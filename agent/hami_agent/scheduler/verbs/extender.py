@@ -53,6 +53,7 @@ from hami_agent.scheduler.verbs.args import (
 )
 from hami_agent.scheduler.verbs.binder import Binder, definitive
 from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
+from hami_agent.scheduler.verbs.preemption import Preemption
 from hami_agent.scheduler.verbs.writebehind import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,10 @@ class Extender:
         self.busy = BusyNodes(self.node_locks)
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
         self.holds = Holds()  # GPU capacity kept for preemptors (state/holds.py)
+        self.preemption = Preemption(
+            cache, self.holds, rclient=self.rclient, wclient=self.wclient, gate=self.gate, writer=self.writer,
+            events=events, metrics=metrics, scheduler_name=self.config.scheduler_name,
+        ) if self.config.preemption == "extender" else None
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict, *, write_behind: bool = False) -> dict:
@@ -249,6 +254,8 @@ class Extender:
                     for node in freed:  # other parked pods may want what freed, as on the informer's path
                         self.requeue.freed(node)
                 return self._decide(fa, pod, preq, ctx, confirmed=True, behind=behind)
+        if dec.node is None and self.preemption is not None and not simulate and self.client is not None:
+            dec.failed = self.preemption.refused(pod, uid, fa.names, preq, ctx, rec, dec.failed)
         if dec.node is None:
             self._count("filter", "unschedulable")
             if self.metrics is not None and not simulate:
@@ -327,6 +334,8 @@ class Extender:
                                       keys.DEVICES_TO_ALLOCATE: encoded, keys.DEVICES_ALLOCATED: encoded}
         if mig or keys.MIG_ALLOCATIONS in annotations(pod):
             ann[keys.MIG_ALLOCATIONS] = mig or None
+        if keys.PREEMPTION_HOLD in annotations(pod):
+            ann[keys.PREEMPTION_HOLD] = None  # the assignment ends a preemptor's hold
         try:
             self.gate.check("pod annotations")
             self.wclient.patch_pod_metadata(ns, name, annotations=ann,

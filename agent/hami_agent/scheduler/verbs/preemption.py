@@ -1,0 +1,192 @@
+"""GPU preemption from /filter (``--preemption extender``; issue 29 item 3, docs/scheduler.md "Preemption").
+
+kube-scheduler (v1.35) cannot preempt for GPUs through an extender: its dry run runs the framework's
+filters only, which do not see GPU memory, so it finds no victim and never calls a ``preemptVerb``
+(Project-HAMi/HAMi#1494). So /filter preempts by itself when a pod fits nowhere: the dry run
+(``core.preempt``) under the cache lock, a hold (``state.holds``) recorded before /filter answers, and the
+API calls kube-scheduler's ``prepareCandidate`` makes (``pkg/scheduler/framework/preemption/preemption.go``
+``:177-219``, ``:464-500``) run behind the answer in the write-behind pool, as its async preemption runs
+them:
+
+1. the preemptor's annotation ``hami.io/preemption-hold`` (if this fails, the hold is dropped and nothing
+   else happens);
+2. its ``status.nominatedNodeName``, so that kube-scheduler keeps the pod nominated and, seeing the
+   victims terminating with ``DisruptionTarget``, does not preempt again (``default_preemption.go``
+   ``PodEligibleToPreemptOthers``);
+3. per victim not terminating yet: the ``DisruptionTarget``/``PreemptionByScheduler`` condition, then a
+   DELETE with a UID precondition and the pod's own grace period (not an eviction: PDBs are counted, not
+   enforced, as upstream);
+4. events: ``Preempted`` on each victim, ``Preempting`` on the preemptor.
+
+While the victims terminate, /filter answers ``FailedNodes`` for the held node (``Unschedulable``: an
+unresolvable status would make the pod eligible to preempt again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from hami_agent.k8s.errors import KubeError, NotFoundError
+from hami_agent.protocol import keys
+from hami_agent.protocol.timefmt import format_rfc3339
+from hami_agent.scheduler.core import preempt as pre
+from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.model import PodRequest, PodUsage
+from hami_agent.scheduler.core.nodes import NodeState, apply_pod
+from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservations
+from hami_agent.scheduler.state.holds import Hold, Holds, deadline_for
+from hami_agent.scheduler.verbs import events as ev
+from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
+from hami_agent.scheduler.verbs.writebehind import WriteBehind
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
+PREEMPTING = "Preempting"  # ours on the preemptor (kube-scheduler posts none; its nomination is the signal)
+
+
+def waiting_reason(hold: Hold) -> str:
+    """/filter's ``FailedNodes`` text for the held node while the victims terminate."""
+    gpus = ",".join(sorted(hold.usage.devices)) or "its GPUs"
+    return f"waiting for {len(hold.victims)} preempted pod(s) on {gpus} to terminate"
+
+
+def hold_annotation(hold: Hold, now_wall: float, now_mono: float) -> str:
+    deadline = datetime.fromtimestamp(now_wall + hold.deadline - now_mono, timezone.utc)
+    return json.dumps({"node": hold.node, "devices": sorted(hold.usage.devices),
+                       "victims": list(hold.victims), "priority": hold.priority,
+                       "deadline": format_rfc3339(deadline)}, sort_keys=True)
+
+
+def held_copies(cache: UsageCache, held: dict[str, list[PodUsage]]) -> dict[str, NodeState]:
+    """The held nodes with the holds that count for the preemptor added (on copies): capacity another
+    preemptor of higher or equal priority waits for is not freed again. Call under ``cache.lock``."""
+    out = {}
+    for n, usages in held.items():
+        st = cache.nodes.get(n)
+        if st is not None:
+            out[n] = st.copy()
+            for u in usages:
+                apply_pod(out[n], u, +1)
+    return out
+
+
+class Preemption:
+    def __init__(self, cache: UsageCache, holds: Holds, *, rclient: Any, wclient: Any, gate: LeaderGate,
+                 writer: WriteBehind, events: ev.EventSink | None, metrics: Any, scheduler_name: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cache = cache
+        self.holds = holds
+        self.rclient = rclient
+        self.wclient = wclient
+        self.gate = gate
+        self.writer = writer
+        self.events = events
+        self.metrics = metrics
+        self.scheduler_name = scheduler_name
+        self.clock = clock
+
+    def refused(self, pod: dict, uid: str, names: list[str], preq: PodRequest, ctx: PodContext, rec: dict,
+                failed: dict[str, str]) -> dict[str, str]:
+        """/filter found no node for the pod: the ``FailedNodes`` to answer, after preempting when GPU
+        victims make room. ``rec``: the pod's ``podinfo.preemption_fields``."""
+        own = self.holds.get(uid)
+        if own is not None:
+            with self.cache.lock:
+                waiting = any(v in self.cache.pods for v in own.victims)
+            if waiting:
+                return {**failed, own.node: waiting_reason(own)}
+            self.holds.release(uid)  # its victims are gone and it still does not fit: someone took it
+        if not pre.eligible(rec["preemption_policy"]):
+            return failed
+        md = pod.get("metadata") or {}
+        ns, name = md.get("namespace") or "default", md.get("name") or ""
+        held = self.holds.against(uid, rec["priority"])
+        with self.cache.lock:
+            pods = {n: [p for p in self.cache.settled_pods_on(n) if p.bound] for n in names}
+            nodes = {**self.cache.nodes, **held_copies(self.cache, held)} if held else self.cache.nodes
+            v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"])
+            if v is None:
+                self._count("none")
+                return failed
+            usage = PodUsage(uid=uid, namespace=ns, name=name, node=v.node,
+                             devices=collapse(v.fit.containers, preq.n_init), mig=preq.mig,
+                             mig_alloc=mig_reservations(v.fit.containers), **rec)
+            hold = Hold(usage, tuple(p.uid for p in v.pods), deadline_for(v.pods, self.clock()))
+            cleared = self.holds.put(hold)
+        for h in cleared:
+            logger.info("preemption: hold of pod %s/%s on node %s cleared by higher-priority pod %s/%s",
+                        h.usage.namespace, h.usage.name, h.node, ns, name)
+        logger.info("preemption: pod %s/%s (priority %d) preempts %d pod(s) on node %s: %s", ns, name,
+                    rec["priority"], len(v.pods), v.node,
+                    ", ".join(f"{p.namespace}/{p.name}" for p in v.pods))
+        self._count("preempted")
+        if self.metrics is not None:
+            self.metrics.preemption_victims.inc(len(v.pods))
+        if self.writer.submit(lambda: self._act(pod, hold, v.pods)) is None:
+            self._act(pod, hold, v.pods)  # the pool is full: inline (back-pressure)
+        return {**failed, v.node: waiting_reason(hold)}
+
+    def _act(self, pod: dict, hold: Hold, victims: tuple[PodUsage, ...]) -> str:
+        """The API calls of one preemption, in kube-scheduler's order. "" or the error that stopped it."""
+        md = pod.get("metadata") or {}
+        ns, name = md.get("namespace") or "default", md.get("name") or ""
+        try:
+            self.gate.check("preemption hold")
+            self.wclient.patch_pod_metadata(ns, name, annotations={
+                keys.PREEMPTION_HOLD: hold_annotation(hold, time.time(), self.clock())})
+        except (NotLeader, KubeError) as exc:
+            if self.holds.get(hold.owner) is hold:
+                self.holds.release(hold.owner)
+            logger.error("preemption: pod %s/%s: recording the hold failed, nothing preempted: %s", ns, name,
+                         exc)
+            self._count("error")
+            return str(exc)
+        try:
+            self.wclient.patch_pod_status(ns, name, {"nominatedNodeName": hold.node})
+        except KubeError as exc:  # the hold still keeps the capacity; kube-scheduler retries the pod anyway
+            logger.warning("preemption: pod %s/%s: setting nominatedNodeName failed: %s", ns, name, exc)
+        for v in victims:
+            err = self._preempt_one(v, md.get("uid") or hold.owner, hold.node)
+            if err:
+                logger.warning("preemption: victim %s/%s: %s", v.namespace, v.name, err)
+        if self.events is not None:
+            who = ", ".join(f"{v.namespace}/{v.name}" for v in victims)
+            self.events.emit(pod, ev.NORMAL, PREEMPTING,
+                             f"Preempting {len(victims)} pod(s) on node {hold.node}: {who}")
+        return ""
+
+    def _preempt_one(self, v: PodUsage, preemptor_uid: str, node: str) -> str:
+        """Condition, then DELETE with a UID precondition, then the event; NotFound counts as done."""
+        if v.terminating:
+            return ""  # upstream: a victim already being deleted gets no call
+        try:
+            self.gate.check("preemption")
+            cur = self.rclient.get_pod(v.namespace, v.name)
+            cmd = cur.get("metadata") or {}
+            if cmd.get("uid") != v.uid or cmd.get("deletionTimestamp"):
+                return ""  # replaced by another pod of that name, or already going
+            conds = [c for c in (cur.get("status") or {}).get("conditions") or []
+                     if c.get("type") != "DisruptionTarget"]
+            conds.append({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                          "message": f"{self.scheduler_name}: preempting to accommodate a higher "
+                                     "priority pod",
+                          "lastTransitionTime": format_rfc3339(datetime.now(timezone.utc))})
+            self.wclient.patch_pod_status(v.namespace, v.name, {"conditions": conds})
+            self.wclient.delete("pods", v.name, v.namespace, uid=v.uid)
+        except NotFoundError:
+            return ""
+        except (NotLeader, KubeError) as exc:
+            return str(exc)
+        if self.events is not None:
+            self.events.emit(cur, ev.NORMAL, PREEMPTED, f"Preempted by pod {preemptor_uid} on node {node}")
+        return ""
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.preemptions.labels(result).inc()
