@@ -78,15 +78,17 @@ class NaivePreemptExtender:
 
 
 @contextlib.contextmanager
-def cluster(api, naive_preempt: bool,
-            preemption: str = "off") -> Iterator[tuple[KubeSchedulerSim, NaivePreemptExtender | None]]:
+def cluster(api, naive_preempt: bool, preemption: str = "off",
+            preempt_verb: bool = False) -> Iterator[tuple[KubeSchedulerSim, NaivePreemptExtender | None]]:
+    """``preempt_verb``: kube-scheduler configured with our own /preempt (what the role writes when
+    preemption is not off)."""
     client = KubeClient.from_kubeconfig(api.kubeconfig_path)
     app = SchedulerApp(client, SchedulerConfig(preemption=preemption), register_interval_s=0.2).start()
     assert app.extender.synced.wait(10), "scheduler caches did not sync"
     stub = AllocatorStub(client).start()
     proxy = NaivePreemptExtender(app.url) if naive_preempt else None
     sim = KubeSchedulerSim(client, proxy.url if proxy else app.url, initial_backoff_s=0.05, max_backoff_s=0.4,
-                           preempt_verb="preempt" if naive_preempt else None).start()
+                           preempt_verb="preempt" if naive_preempt or preempt_verb else None).start()
     try:
         yield sim, proxy
     finally:
@@ -295,3 +297,26 @@ def test_extender_preemption_never_takes_equal_priority_or_never_policy(api_serv
             assert not pod["spec"].get("nodeName") and not pod["status"].get("nominatedNodeName")
         for name in ("low-a", "low-b"):
             assert not api_server.get("Pod", "default", name)["metadata"].get("deletionTimestamp")
+
+
+def test_a_cpu_shortage_too_reaches_our_preempt_verb_which_adds_the_gpu_victim(api_server):
+    """Where cpu is short as well, the node fails kube-scheduler's own filters (no /filter), its dry run finds
+    the cpu victim only and calls our /preempt, which adds the GPU victim HAMi's fit needs: kube-scheduler
+    deletes both and the preemptor runs. (With the naive preemptVerb only the cpu victim would go and the
+    preemptor would still not fit the GPU.)"""
+    _graceful(api_server)
+    node = gpu_node("gpu-0", gpus=1, mem=16384)
+    node["status"]["allocatable"]["cpu"] = "4"
+    api_server.create(node)
+    with cluster(api_server, naive_preempt=False, preemption="extender", preempt_verb=True) as (sim, _p):
+        api_server.create(vgpu_pod("low-cpu", mem=2048, prio=0, cpu="3", grace=1))
+        api_server.create(vgpu_pod("low-gpu", mem=12288, prio=0, cpu="500m", grace=1))
+        assert sim.wait_idle(15, expect_bound=2)
+        api_server.create(vgpu_pod("high", mem=8192, prio=1000, cpu="2"))
+        assert _wait(lambda: sim.bound.get("default/high") == "gpu-0", 30), sim.failures
+        assert [api_server.get("Pod", "default", n) for n in ("low-cpu", "low-gpu")] == [None, None]
+        args = sim.preemption.preempt_calls[0]
+        low_cpu = args["NodeNameToMetaVictims"]["gpu-0"]["Pods"]
+        assert len(low_cpu) == 1  # kube-scheduler's own dry run: the cpu victim alone
+        log = sim.preemption.log
+        assert any(m.startswith("preempted 2 pod(s) on gpu-0") for _k, m in log), log

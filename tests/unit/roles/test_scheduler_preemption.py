@@ -1,8 +1,8 @@
 """Issue 29 item 3: the ``--preemption`` flag and the role's ``hami_scheduler_preemption``. The default is
-``off`` (HAMi never evicts for GPUs); the agent runs ``extender`` (/filter preempts), the role's check
-refuses it until /preempt exists (kube-scheduler's configuration then names ``preemptVerb``), and the
-agent refuses ``kube-scheduler`` (v1.38's preemption with filter extenders is not read yet).
-kube-scheduler's configuration names ``preemptVerb`` only when preemption is not off."""
+``off`` (HAMi never evicts for GPUs); ``extender`` (/filter preempts, /preempt refines kube-scheduler's own)
+is accepted by the agent and the role, and kube-scheduler's configuration then names ``preemptVerb``; the
+agent refuses ``kube-scheduler`` (v1.38's preemption with filter extenders is not read yet), and so does
+the role's check."""
 
 from __future__ import annotations
 
@@ -75,7 +75,22 @@ def _first_assert_passes(**overrides) -> bool:
     return all(env.compile_expression(c)(**v) for c in conds)
 
 
-def test_role_check_refuses_extender_until_it_is_built():
+def test_role_check_accepts_off_and_extender_only():
     assert _first_assert_passes()
-    assert not _first_assert_passes(hami_scheduler_preemption="extender")
+    assert _first_assert_passes(hami_scheduler_preemption="extender")
+    assert not _first_assert_passes(hami_scheduler_preemption="kube-scheduler")  # the agent refuses it
     assert not _first_assert_passes(hami_scheduler_preemption=False)  # an unquoted off
+
+
+def test_the_rendered_extender_mode_parses():
+    import argparse as ap
+
+    from tests.unit.roles.test_unit_templates import execstart
+
+    v = role_vars("hami_scheduler", hami_scheduler_preemption="extender")
+    argv = execstart(render("hami_scheduler", "hami-scheduler.service.j2", v)).split()[2:]
+    p = ap.ArgumentParser()
+    p.add_argument("-v", type=int)
+    p.add_argument("--config")
+    scheduler_cmd.add_arguments(p)
+    assert scheduler_cmd.build_config(p.parse_args(argv)).preemption == "extender"

@@ -53,7 +53,7 @@ from hami_agent.scheduler.verbs.args import (
 )
 from hami_agent.scheduler.verbs.binder import Binder, definitive
 from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
-from hami_agent.scheduler.verbs.preemption import Preemption
+from hami_agent.scheduler.verbs.preemption import Preemption, preempt_unavailable, preempt_verb
 from hami_agent.scheduler.verbs.writebehind import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -202,6 +202,13 @@ class Extender:
                 self.events.emit(pod, ev.WARNING, ev.FILTERING_FAILED, err)
             return self._result(error=err)
         return self._decide(fa, pod, preq, ctx, behind=write_behind)
+
+    def preempt(self, args: dict) -> dict:
+        """/preempt, kube-scheduler's preemptVerb (``verbs/preemption.py`` ``preempt_verb``)."""
+        if not self.gate.is_leader():
+            self._count("preempt", "forwarded")
+            return self.gate.forward("preempt", args, preempt_unavailable)
+        return preempt_verb(self, args)
 
     def filter_route(self, args: dict) -> dict:
         """/filter as served over HTTP: write-behind unless ``--sync-filter-write``."""

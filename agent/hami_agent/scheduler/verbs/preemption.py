@@ -31,16 +31,21 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from hami_agent import log
+from hami_agent.httpserve import HTTPError
 from hami_agent.k8s.errors import KubeError, NotFoundError
 from hami_agent.protocol import keys
 from hami_agent.protocol.timefmt import format_rfc3339
 from hami_agent.scheduler.core import preempt as pre
-from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.fit import PodContext, pod_context
 from hami_agent.scheduler.core.model import PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
+from hami_agent.scheduler.core.requests import pod_request
 from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservations
 from hami_agent.scheduler.state.holds import Hold, Holds, deadline_for
+from hami_agent.scheduler.state.podinfo import annotations, preemption_fields
 from hami_agent.scheduler.verbs import events as ev
+from hami_agent.scheduler.verbs.args import field_ci
 from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
 from hami_agent.scheduler.verbs.writebehind import WriteBehind
 
@@ -190,3 +195,84 @@ class Preemption:
     def _count(self, result: str) -> None:
         if self.metrics is not None:
             self.metrics.preemptions.labels(result).inc()
+
+
+# ------------------------------------------------------------------------------------------- /preempt
+Candidates = dict[str, tuple[list[str], int]]  # node -> (victim UIDs, PDB violations)
+
+
+def parse_candidates(args: dict) -> Candidates:
+    """kube-scheduler's candidates from ``ExtenderPreemptionArgs`` (``extender.go`` ``ProcessPreemption``:
+    ``NodeNameToMetaVictims`` with ``nodeCacheCapable``, else whole pods in ``NodeNameToVictims``)."""
+    out: Candidates = {}
+    for field in ("NodeNameToVictims", "NodeNameToMetaVictims"):
+        for node, v in (field_ci(args, field) or {}).items():
+            uids = []
+            for p in field_ci(v, "Pods") or []:
+                uid = field_ci(p, "UID") if field == "NodeNameToMetaVictims" else (
+                    (p.get("metadata") or {}).get("uid"))
+                if isinstance(uid, str) and uid:
+                    uids.append(uid)
+            out[node] = (uids, int(field_ci(v, "NumPDBViolations") or 0))
+    return out
+
+
+def meta_victims(cands: Candidates) -> dict:
+    """``ExtenderPreemptionResult.NodeNameToMetaVictims``."""
+    return {n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+            for n, (uids, pdb) in cands.items()}
+
+
+def refine(prem: Preemption, uid: str, preq: PodRequest, ctx: PodContext, rec: dict,
+           cands: Candidates) -> Candidates:
+    """What /preempt answers for kube-scheduler's candidates (reached only where a framework resource is
+    short too, docs/scheduler.md "Preemption"): none while the pod's own preemption is under way (a veto:
+    kube-scheduler then keeps the nomination); otherwise each node keeps kube-scheduler's victims plus the
+    fewest GPU victims that make HAMi's fit succeed, and a node where no GPU victims can make room is
+    dropped. kube-scheduler checks none of this, so only bound, lower-priority pods of that node are
+    added."""
+    if prem.holds.get(uid) is not None:
+        return {}
+    if preq.empty:
+        return cands
+    held = prem.holds.against(uid, rec["priority"])
+    out: Candidates = {}
+    with prem.cache.lock:
+        copies = held_copies(prem.cache, held)
+        for node, (uids, pdb) in cands.items():
+            st = copies.get(node) or prem.cache.nodes.get(node)
+            if st is None:
+                continue  # no GPUs this extender knows: the pod cannot fit there
+            on_node = {p.uid: p for p in prem.cache.settled_pods_on(node)}
+            theirs = set(uids)
+            copy = st.copy()
+            for u in theirs & on_node.keys():
+                apply_pod(copy, on_node[u], -1)
+            rest = [p for u, p in on_node.items() if u not in theirs and p.bound]
+            v = pre.select_victims_on_node(copy, rest, preq, ctx, rec["priority"])
+            if v is not None:
+                out[node] = ([*uids, *(p.uid for p in v.pods)], pdb)
+    return out
+
+
+def preempt_unavailable(why: str) -> dict:
+    """A follower that cannot forward /preempt: ``ExtenderPreemptionResult`` has no error field, so a 503
+    (kube-scheduler: an error, nothing preempted)."""
+    raise HTTPError(503, why)
+
+
+def preempt_verb(ext: Any, args: dict) -> dict:
+    """/preempt for ``Extender.preempt`` on the leader. With ``--preemption off`` kube-scheduler's candidates
+    come back unchanged (as if no preemptVerb were configured). An error (the pod cannot be read or is not
+    ours) raises, and the HTTP server answers 500: kube-scheduler then preempts nothing."""
+    cands = parse_candidates(args)
+    if ext.preemption is None:
+        return {"NodeNameToMetaVictims": meta_victims(cands)}
+    md = field_ci(args, "Pod").get("metadata") or {}
+    ns, name, uid = md.get("namespace") or "default", md.get("name") or "", md.get("uid") or ""
+    pod = ext.pods.schedulable(ns, name, uid)
+    preq = pod_request(pod, ext.config.names)
+    ctx = pod_context(annotations(pod), ext.config.node_policy, ext.config.gpu_policy)
+    out = refine(ext.preemption, uid, preq, ctx, preemption_fields(pod), cands)
+    log.v(logger, 3, "preempt pod %s/%s: %d candidate node(s) in, %d out", ns, name, len(cands), len(out))
+    return {"NodeNameToMetaVictims": meta_victims(out)}

@@ -1,0 +1,81 @@
+"""Issue 29 item 3: the extender's ``/preempt`` (kube-scheduler's preemptVerb, reached only where a framework
+resource is short too). A preemptor whose own GPU preemption is under way gets a veto (no candidate); else
+each node keeps kube-scheduler's victims plus the fewest GPU victims HAMi's fit needs, and a node where GPU
+victims cannot make room is dropped; with ``--preemption off`` the candidates come back unchanged. The
+body's shape is checked before anything is decided."""
+
+from __future__ import annotations
+
+import pytest
+
+from hami_agent.httpserve import HTTPError
+from hami_agent.scheduler.core.fit import PodContext
+from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
+from hami_agent.scheduler.serve.shapes import preemption_args
+from hami_agent.scheduler.state.cache import UsageCache
+from hami_agent.scheduler.state.holds import Hold, Holds
+from hami_agent.scheduler.verbs import preemption as P
+from tests.unit.scheduler.helpers import dev, preq, req
+
+pytestmark = pytest.mark.unit
+
+REC = {"priority": 100, "preemption_policy": "PreemptLowerPriority"}
+
+
+def bound(uid: str, node: str, prio: int, mem: int, gpu: int = 0) -> PodUsage:
+    return PodUsage(uid=uid, namespace="ns", name=uid, node=node, priority=prio, bound=True,
+                    devices={f"GPU-{gpu}": DeviceAmount(slots=1, mem=mem)})
+
+
+def setup() -> P.Preemption:
+    cache = UsageCache()
+    for n in ("n1", "n2"):
+        cache.set_node(n, [dev(0, mem=16000)])
+    cache.add_pod(bound("gpu-low", "n1", 0, 12000))  # must go for 8 GB on n1
+    cache.add_pod(bound("gpu-high", "n2", 500, 12000))  # above the preemptor: n2 cannot be helped
+    return P.Preemption(cache, Holds(), rclient=None, wclient=None, gate=None, writer=None, events=None,
+                        metrics=None, scheduler_name="hami-scheduler")
+
+
+def test_gpu_victims_are_added_and_a_hopeless_node_dropped():
+    prem = setup()
+    cands = {"n1": (["cpu-pod"], 0), "n2": (["cpu-pod-2"], 1), "no-gpus": (["x"], 0)}
+    out = P.refine(prem, "uid-pre", preq(req(mem=8000)), PodContext(), REC, cands)
+    assert out == {"n1": (["cpu-pod", "gpu-low"], 0)}
+    # kube-scheduler's victims already free the GPU: nothing added
+    out = P.refine(prem, "uid-pre", preq(req(mem=8000)), PodContext(), REC, {"n1": (["gpu-low"], 0)})
+    assert out == {"n1": (["gpu-low"], 0)}
+
+
+def test_a_preemptor_with_a_hold_gets_a_veto():
+    prem = setup()
+    prem.holds.put(Hold(bound("uid-pre", "n1", 100, 8000), ("gpu-low",), 1e12))
+    assert P.refine(prem, "uid-pre", preq(req(mem=8000)), PodContext(), REC, {"n1": (["cpu-pod"], 0)}) == {}
+
+
+def test_wire_format_both_forms_and_off_mode():
+    args = {"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}},
+            "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "a"}, {"UID": "b"}], "NumPDBViolations": 1}}}
+    assert P.parse_candidates(preemption_args(args)) == {"n1": (["a", "b"], 1)}
+    whole = {"Pod": args["Pod"], "NodeNameToVictims": {"n2": {"Pods": [{"metadata": {"uid": "c"}}]}}}
+    assert P.parse_candidates(preemption_args(whole)) == {"n2": (["c"], 0)}
+
+    class Off:
+        preemption = None
+
+    assert P.preempt_verb(Off(), args) == {"NodeNameToMetaVictims": {
+        "n1": {"Pods": [{"UID": "a"}, {"UID": "b"}], "NumPDBViolations": 1}}}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"NodeNameToMetaVictims": {}}, "ExtenderPreemptionArgs.Pod: missing"),
+    ({"Pod": {}, "NodeNameToMetaVictims": {"n": "x"}}, "ExtenderPreemptionArgs.NodeNameToMetaVictims['n']"),
+    ({"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": "x"}}}, "NodeNameToMetaVictims['n'].Pods"),
+    ({"Pod": {}, "NodeNameToVictims": {"n": {"NumPDBViolations": "1"}}},
+     "NodeNameToVictims['n'].NumPDBViolations"),
+])
+def test_bad_bodies_are_refused_naming_the_field(body, field):
+    with pytest.raises(HTTPError) as err:
+        preemption_args(body)
+    assert err.value.status == 400 and field in str(err.value)
