@@ -89,6 +89,15 @@ def test_multi_gpu_requests_take_victims_across_gpus():
     assert uids(v) == {"g2"}  # both fit one freed GPU: one priority-1 victim (g2/g3 tie: the UID)
 
 
+def test_a_pod_on_two_gpus_is_tried_on_each():
+    """``wide`` (priority 0) sits on GPU-0 (beside ``q``, priority 5) and GPU-1 (alone): taking it away frees
+    GPU-1 only. The per-GPU search must try {wide} on GPU-1's view too, not only on GPU-0's (where {q} would
+    then win)."""
+    pods = [pod("wide", 0, (0, 6000), (1, 12000)), pod("q", 5, (0, 10000))]
+    v = pre.select_victims_on_node(node(pods), pods, preq(req(mem=8000)), CTX, priority=10)
+    assert uids(v) == {"wide"} and [p.uuid for c in v.fit.containers for p in c] == ["GPU-1"]
+
+
 def test_system_critical_pods_are_never_victims():
     pods = [pod("crit", pre.SYSTEM_CRITICAL, (0, 12000))]
     assert pre.select_victims_on_node(node(pods, gpus=1), pods, preq(req(mem=8000)), CTX,

@@ -30,7 +30,7 @@ from hami_agent.scheduler.core.model import PREEMPT_NEVER, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 
 SYSTEM_CRITICAL = 2_000_000_000  # kubernetes pkg/apis/scheduling/types.go SystemCriticalPriority
-MAX_FITS = 512  # fit runs per node for the exact search (a fit is about 0.05-0.5 ms)
+MAX_FITS = 512  # fit runs per node for the exact search; past it, upstream's reprieve
 _SHIFT = 1 << 31  # preemption.go: each priority shifted by MaxInt32+1 before summing, so all terms are > 0
 
 
@@ -116,21 +116,25 @@ def _victims(st: NodeState, gone: Sequence[PodUsage], preq: PodRequest, ctx: Pod
                    exact)
 
 
-def target_groups(st: NodeState, cands: Sequence[PodUsage], preq: PodRequest) -> list[list[PodUsage]]:
-    """Where the victims may be, as groups the search takes sets from. A pod asking for one GPU in one
-    container fits on one GPU, and whether it fits there depends on that GPU's usage alone, so the cheapest
-    set lies among the pods on one GPU: one group per GPU. Any other request (several GPUs or containers,
-    init containers, static MIG resources) or a node with a GPU in MIG mode (a pod's MIG reservation can
-    make every MIG GPU of its node unhealthy, ``nodes._apply_mig``): the whole node is one group."""
+def target_groups(st: NodeState, cands: Sequence[PodUsage],
+                  preq: PodRequest) -> list[tuple[NodeState, list[PodUsage]]]:
+    """Where the victims may be: (the node or a view of part of it, the pods the search takes sets from). A
+    pod asking for one GPU in one container fits on one GPU, and whether it fits there depends on that GPU's
+    usage alone, so the cheapest set lies among the pods on one GPU: one group per GPU, fitted on a view of
+    that GPU alone (HAMi's fit of a one-GPU request on a one-GPU node is its per-device check; a whole-node
+    copy per try costs as many device copies as the node has). Any other request (several GPUs or
+    containers, init containers, static MIG resources) or a node with a GPU in MIG mode (a pod's MIG
+    reservation can make every MIG GPU of its node unhealthy, ``nodes._apply_mig``): the whole node is one
+    group."""
     reqs = [c for c in preq.containers if c is not None and c.nums > 0]
     if (preq.mig or preq.n_init or len(reqs) != 1 or reqs[0].nums != 1
             or any(d.mode == keys.MODE_MIG for d in st.devices)):
-        return [list(cands)]
+        return [(st, list(cands))]
     groups = []
     for d in st.devices:
         on = [p for p in cands if d.id in p.devices]
         if on:
-            groups.append(on)
+            groups.append((NodeState(st.name, [d.clone()], st.extras), on))
     return groups
 
 
@@ -146,15 +150,18 @@ def select_victims_on_node(st: NodeState, pods: Iterable[PodUsage], preq: PodReq
     cands = potential_victims(pods, priority)
     if not fit_without(st, cands, preq, ctx).ok:
         return None
-    groups = target_groups(st, cands, preq) or [[]]
-    runs = 1
-    for k in range(max(map(len, groups)) + 1):
-        if runs + sum(math.comb(len(g), k) for g in groups) > max_fits:
+    if fit_without(st, (), preq, ctx).ok:
+        return _victims(st, (), preq, ctx, pdb, exact=True)
+    groups = target_groups(st, cands, preq)
+    runs = 2
+    for k in range(1, max(len(g) for _v, g in groups) + 1):
+        if runs + sum(math.comb(len(g), k) for _v, g in groups) > max_fits:
             return reprieve(st, cands, preq, ctx, pdb)
-        sets = {frozenset(p.uid for p in c): c for g in groups for c in itertools.combinations(g, k)}
-        for combo in sorted(sets.values(), key=lambda c: set_key(c, pdb)):
+        # a pod on two GPUs is in two groups: its sets are tried on each GPU's view
+        sets = [(view, c) for view, g in groups for c in itertools.combinations(g, k)]
+        for view, combo in sorted(sets, key=lambda vc: set_key(vc[1], pdb)):
             runs += 1
-            if fit_without(st, combo, preq, ctx).ok:
+            if fit_without(view, combo, preq, ctx).ok:
                 return _victims(st, combo, preq, ctx, pdb, exact=True)
     return _victims(st, cands, preq, ctx, pdb, exact=True)  # only the whole node frees enough
 

@@ -64,7 +64,8 @@ class SchedulerMetrics:
                                      "Nodes /filter found unfit for a pod, by reason (a node counts once per "
                                      "reason it gave)", ["reason"], registry=self.registry)
         # GPU preemption from /filter (--preemption extender): attempts by result (preempted: a hold and
-        # its victims; none: no node could be helped; error: the hold could not be recorded), and victims
+        # its victims; none: no node could be helped; stale: the chosen node changed during the dry run;
+        # error: the hold could not be recorded), and victims
         self.preemptions = Counter("hami_scheduler_preemption_attempts",
                                    "GPU preemptions /filter attempted, by result", ["result"],
                                    registry=self.registry)

@@ -111,17 +111,24 @@ class Preemption:
             return failed
         md = pod.get("metadata") or {}
         ns, name = md.get("namespace") or "default", md.get("name") or ""
-        held = self.holds.against(uid, rec["priority"])
+        # the dry run on a snapshot, outside the lock (it may take many fits: /filter must not wait on it)
         with self.cache.lock:
-            pods = {n: [p for p in self.cache.settled_pods_on(n) if p.bound] for n in names}
-            nodes = {**self.cache.nodes, **held_copies(self.cache, held)} if held else self.cache.nodes
-            v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"])
-            if v is None:
-                self._count("none")
-                return failed
+            nodes, pods = self._snapshot(uid, names, rec["priority"])
+        v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"])
+        if v is None:
+            self._count("none")
+            return failed
+        with self.cache.lock:  # still true now? then the hold, before anyone else decides
+            live = {p.uid for p in self.cache.settled_pods_on(v.node)}
+            st = held_copies(self.cache, self.holds.against(uid, rec["priority"])).get(v.node) or (
+                self.cache.nodes.get(v.node))
+            fit = pre.fit_without(st, v.pods, preq, ctx) if st is not None else None
+            if fit is None or not fit.ok or any(p.uid not in live for p in v.pods):
+                self._count("stale")
+                return failed  # the node changed during the dry run: kube-scheduler retries the pod
             usage = PodUsage(uid=uid, namespace=ns, name=name, node=v.node,
-                             devices=collapse(v.fit.containers, preq.n_init), mig=preq.mig,
-                             mig_alloc=mig_reservations(v.fit.containers), **rec)
+                             devices=collapse(fit.containers, preq.n_init), mig=preq.mig,
+                             mig_alloc=mig_reservations(fit.containers), **rec)
             hold = Hold(usage, tuple(p.uid for p in v.pods), deadline_for(v.pods, self.clock()))
             cleared = self.holds.put(hold)
         for h in cleared:
@@ -136,6 +143,24 @@ class Preemption:
         if self.writer.submit(lambda: self._act(pod, hold, v.pods)) is None:
             self._act(pod, hold, v.pods)  # the pool is full: inline (back-pressure)
         return {**failed, v.node: waiting_reason(hold)}
+
+    def _snapshot(self, uid: str, names: list[str],
+                  priority: int) -> tuple[dict[str, NodeState], dict[str, list[PodUsage]]]:
+        """Copies of the candidate nodes that have a potential victim (the holds that count for the pod
+        added), and their bound pods. Call under ``cache.lock``."""
+        held = self.holds.against(uid, priority)
+        nodes: dict[str, NodeState] = {}
+        pods: dict[str, list[PodUsage]] = {}
+        for n in dict.fromkeys(names):
+            st = self.cache.nodes.get(n)
+            on = [p for p in self.cache.settled_pods_on(n) if p.bound] if st is not None else []
+            if not pre.potential_victims(on, priority):
+                continue
+            nodes[n] = st.copy()
+            for u in held.get(n, ()):
+                apply_pod(nodes[n], u, +1)
+            pods[n] = on
+        return nodes, pods
 
     def _act(self, pod: dict, hold: Hold, victims: tuple[PodUsage, ...]) -> str:
         """The API calls of one preemption, in kube-scheduler's order. "" or the error that stopped it."""
