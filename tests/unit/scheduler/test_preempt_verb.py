@@ -79,3 +79,54 @@ def test_bad_bodies_are_refused_naming_the_field(body, field):
     with pytest.raises(HTTPError) as err:
         preemption_args(body)
     assert err.value.status == 400 and field in str(err.value)
+
+
+class RecordingClient:
+    """The API calls acting makes, recorded; the victim's GET answers a running pod."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def get_pod(self, ns, name):
+        return {"metadata": {"namespace": ns, "name": name, "uid": name}, "status": {"conditions": []}}
+
+    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None):
+        self.calls.append(("annotations", name, tuple(annotations)))
+
+    def patch_pod_status(self, ns, name, status):
+        self.calls.append(("status", name, tuple(sorted(status.items()))[0]))
+
+    def delete(self, kind, name, ns, uid=None):
+        self.calls.append(("delete", name, uid))
+
+
+def test_a_higher_priority_preemption_clears_a_lower_ones_hold_and_nomination():
+    from hami_agent.scheduler.verbs.leadership import LeaderGate
+
+    class Inline:
+        def submit(self, _fn):
+            return None  # "the pool is full": acting runs inline
+
+    cache = UsageCache()
+    cache.set_node("n1", [dev(0, mem=16000)])
+    cache.add_pod(bound("v1", "n1", 0, 12000))
+    api = RecordingClient()
+    prem = P.Preemption(cache, Holds(), rclient=api, wclient=api, gate=LeaderGate(), writer=Inline(),
+                        events=None, metrics=None, scheduler_name="hami-scheduler")
+
+    def pod(name: str) -> dict:
+        return {"metadata": {"namespace": "ns", "name": name, "uid": name}}
+
+    low = {"priority": 100, "preemption_policy": "PreemptLowerPriority"}
+    out = prem.refused(pod("a"), "a", ["n1"], preq(req(mem=8000)), PodContext(), low, {"n1": "x"})
+    assert out == {"n1": "waiting for 1 preempted pod(s) on GPU-0 to terminate"}
+    assert ("delete", "v1", "v1") in api.calls and prem.holds.get("a") is not None
+    high = {"priority": 500, "preemption_policy": "PreemptLowerPriority"}
+    prem.refused(pod("b"), "b", ["n1"], preq(req(mem=8000)), PodContext(), high, {"n1": "x"})
+    assert prem.holds.get("a") is None and prem.holds.get("b") is not None
+    assert ("status", "a", ("nominatedNodeName", None)) in api.calls
+    assert ("status", "b", ("nominatedNodeName", "n1")) in api.calls
+    # while b's victim terminates, b's next /filter waits; a call without the held node adds nothing
+    assert prem.refused(pod("b"), "b", ["n1"], preq(req(mem=8000)), PodContext(), high, {}) == {
+        "n1": "waiting for 1 preempted pod(s) on GPU-0 to terminate"}
+    assert prem.refused(pod("b"), "b", ["n2"], preq(req(mem=8000)), PodContext(), high, {}) == {}

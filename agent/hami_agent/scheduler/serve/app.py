@@ -78,6 +78,7 @@ class SchedulerApp:
         self.extender.requeue = self.requeue
         self.sync.on_freed = self.requeue.freed
         self.sync.on_pending_gone = self.extender.holds.release  # a deleted preemptor holds nothing
+        self.metrics.preemption_holds.set_function(lambda: len(self.extender.holds))
         # ... and before refusing, the few pods in the way are read back (scheduler/state/confirm.py)
         self.extender.gone_check = GoneCheck(self.cache, client)
         # a /bind meeting a busy node lock waits for its release (scheduler/verbs/lockwait.py), and /filter

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from hami_agent.protocol import reasons as R
@@ -71,6 +71,9 @@ class SchedulerMetrics:
                                    registry=self.registry)
         self.preemption_victims = Counter("hami_scheduler_preemption_victims",
                                           "Pods /filter chose to preempt", registry=self.registry)
+        self.preemption_holds = Gauge("hami_scheduler_preemption_holds",
+                                      "Preemptors whose GPU capacity is held while their victims terminate",
+                                      registry=self.registry)
         self.registry.register(_CacheCollector(cache))
 
     def count_node_failures(self, failed: Mapping[str, str]) -> None:

@@ -104,8 +104,8 @@ class Preemption:
         if own is not None:
             with self.cache.lock:
                 waiting = any(v in self.cache.pods for v in own.victims)
-            if waiting:
-                return {**failed, own.node: waiting_reason(own)}
+            if waiting:  # (a call without the held node: its own preemption still waits all the same)
+                return {**failed, own.node: waiting_reason(own)} if own.node in names else failed
             self.holds.release(uid)  # its victims are gone and it still does not fit: someone took it
         if not pre.eligible(rec["preemption_policy"]):
             return failed
@@ -140,8 +140,8 @@ class Preemption:
         self._count("preempted")
         if self.metrics is not None:
             self.metrics.preemption_victims.inc(len(v.pods))
-        if self.writer.submit(lambda: self._act(pod, hold, v.pods)) is None:
-            self._act(pod, hold, v.pods)  # the pool is full: inline (back-pressure)
+        if self.writer.submit(lambda: self._act(pod, hold, v.pods, cleared)) is None:
+            self._act(pod, hold, v.pods, cleared)  # the pool is full: inline (back-pressure)
         return {**failed, v.node: waiting_reason(hold)}
 
     def _snapshot(self, uid: str, names: list[str],
@@ -162,8 +162,10 @@ class Preemption:
             pods[n] = on
         return nodes, pods
 
-    def _act(self, pod: dict, hold: Hold, victims: tuple[PodUsage, ...]) -> str:
-        """The API calls of one preemption, in kube-scheduler's order. "" or the error that stopped it."""
+    def _act(self, pod: dict, hold: Hold, victims: tuple[PodUsage, ...], cleared: list[Hold]) -> str:
+        """The API calls of one preemption, in kube-scheduler's order. "" or the error that stopped it.
+        ``cleared``: lower-priority holds this one replaced; their owners lose their nomination, as
+        upstream's lower-priority nominations on the node do (``preemption.go`` ``prepareCandidate``)."""
         md = pod.get("metadata") or {}
         ns, name = md.get("namespace") or "default", md.get("name") or ""
         try:
@@ -185,6 +187,12 @@ class Preemption:
             err = self._preempt_one(v, md.get("uid") or hold.owner, hold.node)
             if err:
                 logger.warning("preemption: victim %s/%s: %s", v.namespace, v.name, err)
+        for h in cleared:
+            try:
+                self.wclient.patch_pod_status(h.usage.namespace, h.usage.name, {"nominatedNodeName": None})
+            except KubeError as exc:  # NotFound included: a deleted pod has no nomination to clear
+                log.v(logger, 3, "preemption: clearing the nomination of %s/%s failed: %s", h.usage.namespace,
+                      h.usage.name, exc)
         if self.events is not None:
             who = ", ".join(f"{v.namespace}/{v.name}" for v in victims)
             self.events.emit(pod, ev.NORMAL, PREEMPTING,
