@@ -130,3 +130,24 @@ def test_a_higher_priority_preemption_clears_a_lower_ones_hold_and_nomination():
     assert prem.refused(pod("b"), "b", ["n1"], preq(req(mem=8000)), PodContext(), high, {}) == {
         "n1": "waiting for 1 preempted pod(s) on GPU-0 to terminate"}
     assert prem.refused(pod("b"), "b", ["n2"], preq(req(mem=8000)), PodContext(), high, {}) == {}
+
+
+def test_a_new_leader_rebuilds_the_holds_from_the_annotations():
+    """Failover: the hold's annotation carries what a new leader needs to hold the same capacity; an expired
+    or malformed one is skipped."""
+    holds = Holds(clock=lambda: 50.0)
+    hold = Hold(bound("uid-a", "n1", 100, 8000), ("v1", "v2"), 1000.0 + 90)  # 90 s left at mono 1000
+    value = P.hold_annotation(hold, now_wall=1_800_000_000.0, now_mono=1000.0)
+
+    def pending(uid: str, raw: str) -> dict:
+        return {"metadata": {"uid": uid, "namespace": "ns", "name": uid,
+                             "annotations": {"hami.io/preemption-hold": raw}},
+                "spec": {"priority": 100}}
+
+    pods = [pending("uid-a", value), pending("uid-bad", "{not json"), pending("uid-old", value)]
+    # 30 s later on another replica's clocks: uid-a and uid-old (same annotation) come back with 60 s left
+    assert P.rebuild_holds(holds, pods, now_wall=1_800_000_030.0, now_mono=50.0) == 2
+    back = holds.get("uid-a")
+    assert back.node == "n1" and back.victims == ("v1", "v2") and back.priority == 100
+    assert back.usage.devices == hold.usage.devices and back.deadline == pytest.approx(50.0 + 60)
+    assert P.rebuild_holds(Holds(), pods, now_wall=1_800_000_100.0, now_mono=0.0) == 0  # past the deadline

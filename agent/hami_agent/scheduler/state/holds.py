@@ -109,6 +109,11 @@ class Holds:
                     out.setdefault(h.node, []).append(h.usage)
         return out
 
+    def clear(self) -> None:
+        """Leadership lost: the next leader rebuilds the holds from the annotations."""
+        with self._lock:
+            self._by_owner.clear()
+
     def all(self) -> list[Hold]:
         with self._lock:
             return list(self._by_owner.values())

@@ -150,6 +150,7 @@ class Extender:
         self.busy = BusyNodes(self.node_locks)
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
         self.holds = Holds()  # GPU capacity kept for preemptors (state/holds.py)
+        self.gate.on_lost(self.holds.clear)  # a new leader rebuilds them (verbs/preemption.rebuild_holds)
         self.preemption = Preemption(
             cache, self.holds, rclient=self.rclient, wclient=self.wclient, gate=self.gate, writer=self.writer,
             events=events, metrics=metrics, scheduler_name=self.config.scheduler_name,

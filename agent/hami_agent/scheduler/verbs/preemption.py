@@ -35,15 +35,15 @@ from hami_agent import log
 from hami_agent.httpserve import HTTPError
 from hami_agent.k8s.errors import KubeError, NotFoundError
 from hami_agent.protocol import keys
-from hami_agent.protocol.timefmt import format_rfc3339
+from hami_agent.protocol.timefmt import format_rfc3339, parse_rfc3339
 from hami_agent.scheduler.core import preempt as pre
 from hami_agent.scheduler.core.fit import PodContext, pod_context
-from hami_agent.scheduler.core.model import PodRequest, PodUsage
+from hami_agent.scheduler.core.model import DeviceAmount, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 from hami_agent.scheduler.core.requests import pod_request
 from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservations
 from hami_agent.scheduler.state.holds import Hold, Holds, deadline_for
-from hami_agent.scheduler.state.podinfo import annotations, preemption_fields
+from hami_agent.scheduler.state.podinfo import annotations, pod_key, preemption_fields
 from hami_agent.scheduler.verbs import events as ev
 from hami_agent.scheduler.verbs.args import field_ci
 from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
@@ -62,10 +62,40 @@ def waiting_reason(hold: Hold) -> str:
 
 
 def hold_annotation(hold: Hold, now_wall: float, now_mono: float) -> str:
+    """``hami.io/preemption-hold``: what a new leader needs to hold the same capacity (``rebuild_holds``) and
+    an operator to read: node, devices, per device [slots, MiB, cores], victim UIDs, priority, deadline."""
     deadline = datetime.fromtimestamp(now_wall + hold.deadline - now_mono, timezone.utc)
-    return json.dumps({"node": hold.node, "devices": sorted(hold.usage.devices),
+    usage = {u: [a.slots, a.mem, a.cores] for u, a in sorted(hold.usage.devices.items())}
+    return json.dumps({"node": hold.node, "devices": sorted(hold.usage.devices), "usage": usage,
                        "victims": list(hold.victims), "priority": hold.priority,
                        "deadline": format_rfc3339(deadline)}, sort_keys=True)
+
+
+def rebuild_holds(holds: Holds, pending: list[dict], now_wall: float, now_mono: float) -> int:
+    """A new leader's holds, from the ``hami.io/preemption-hold`` annotations of the pending pods (only the
+    scheduler may write it: the admission policy). A malformed or expired one is skipped. Returns how many
+    were rebuilt. Static and dynamic MIG parts of a hold are not in the annotation: such holds come back
+    without them."""
+    n = 0
+    for pod in pending:
+        raw = annotations(pod).get(keys.PREEMPTION_HOLD)
+        if not raw:
+            continue
+        uid, ns, name = pod_key(pod)
+        try:
+            h = json.loads(raw)
+            left = parse_rfc3339(h["deadline"], "deadline").timestamp() - now_wall
+            devices = {str(u): DeviceAmount(int(v[0]), int(v[1]), int(v[2])) for u, v in h["usage"].items()}
+            usage = PodUsage(uid=uid, namespace=ns, name=name, node=str(h["node"]), devices=devices,
+                             **preemption_fields(pod))
+            hold = Hold(usage, tuple(str(v) for v in h["victims"]), now_mono + left)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            logger.warning("preemption: pod %s/%s: ignoring %s: %s", ns, name, keys.PREEMPTION_HOLD, exc)
+            continue
+        if left > 0:
+            holds.put(hold)
+            n += 1
+    return n
 
 
 def held_copies(cache: UsageCache, held: dict[str, list[PodUsage]]) -> dict[str, NodeState]:
