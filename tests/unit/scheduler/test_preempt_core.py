@@ -187,3 +187,27 @@ def test_exhaustive_cross_check_on_small_random_nodes(seed):
             found += bool(got.pods)
         checked += 1
     assert checked == 60 and found > 5  # the cases do exercise victims
+
+
+def test_dynamic_mig_victims_free_their_placements():
+    """A dynamic-MIG A100: two 3g.40gb instances (placements 0 and 4) held by priority-0 and priority-5 pods;
+    a 3g.40gb request needs one of them to go: the priority-0 one, and the preemptor gets its placement."""
+    from hami_agent.protocol import MigPlacement
+    from tests.unit.scheduler.helpers import mig_dev
+
+    def mig_pod(uid: str, prio: int, start: int) -> PodUsage:
+        return PodUsage(uid=uid, namespace="ns", name=uid, node="n1", priority=prio,
+                        devices={"GPU-0": DeviceAmount(slots=1, mem=40192, cores=43)},
+                        mig_alloc={"GPU-0": (MigPlacement(start, 4),)})
+
+    st = NodeState("n1", [mig_dev(0)])
+    pods = [mig_pod("a", 0, 4), mig_pod("b", 5, 0)]
+    for p in pods:
+        apply_pod(st, p, +1)
+    rq = preq(req(mem=40000))
+    assert not pre.fit_without(st, (), rq, CTX).ok
+    v = pre.select_victims_on_node(st, pods, rq, CTX, priority=10)
+    assert uids(v) == {"a"} and v.exact
+    (pick,) = v.fit.containers[0]
+    assert (pick.mig_profile, pick.mig_placement) == ("3g.40gb", MigPlacement(4, 4))
+    assert st.devices[0].mig_used == (MigPlacement(4, 4), MigPlacement(0, 4))  # the node itself unchanged
