@@ -91,7 +91,8 @@ class SchedulerConfig:
     # as HAMi
     write_behind: bool = True
     # GPU preemption (issue 29, docs/scheduler.md "Preemption"): "off" = HAMi's answers (HAMi never evicts
-    # for GPUs); serve/cmd.py refuses the other modes until they are built
+    # for GPUs); "extender" = /filter preempts GPU pods itself (verbs/preemption.py); serve/cmd.py refuses
+    # "kube-scheduler" (not built)
     preemption: str = "off"
     # webhook
     force_overwrite_default_scheduler: bool = True
