@@ -19,6 +19,9 @@ DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
 MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 BIND_PHASE = "hami.io/bind-phase"
 BIND_TIME = "hami.io/bind-time"
+# GPU preemption (hami.node, issue 29; not HAMi's): the capacity the extender holds for a preemptor while its
+# victims terminate (JSON: node, devices, victims, priority, deadline); removed by the assignment patch
+PREEMPTION_HOLD = "hami.io/preemption-hold"
 WEBHOOK_IGNORE_LABEL = "hami.io/webhook"  # value "ignore" on a pod or namespace
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 

@@ -1,13 +1,14 @@
-"""Issue 29: what kube-scheduler's preemption does for a vGPU pod today (Project-HAMi/HAMi#1494).
+"""Issue 29: what kube-scheduler's preemption does for a vGPU pod (Project-HAMi/HAMi#1494), with our
+extender's ``--preemption off`` (the default) and ``extender``.
 
-These tests REPRODUCE TODAY'S LIMIT and pass by asserting it: a high-priority vGPU pod whose GPU memory is
-held by lower-priority vGPU pods stays Pending, with our extender configured as HAMi's chart configures
-it (no ``preemptVerb``) and with an extender that adds a naive ``preemptVerb``. kube-scheduler's dry run
-(``SelectVictimsOnNode``) runs the framework's filters only; GPU memory is ``ignoredByScheduler``, so every
-lower-priority pod is reprieved and the node ends with ``expected at least one victim pod on node``; the
-extender's ``/preempt`` is never asked (docs/scheduler.md "Preemption"). Issue 29 item 3 (preemption done
-by the extender) is meant to flip the first two tests: the preemptor should then be bound after its
-victims terminate.
+With ``off`` these tests REPRODUCE HAMi's LIMIT and pass by asserting it: a high-priority vGPU pod whose GPU
+memory is held by lower-priority vGPU pods stays Pending, with our extender configured as HAMi's chart
+configures it (no ``preemptVerb``) and with an extender that adds a naive ``preemptVerb``. kube-scheduler's
+dry run (``SelectVictimsOnNode``) runs the framework's filters only; GPU memory is ``ignoredByScheduler``,
+so every lower-priority pod is reprieved and the node ends with ``expected at least one victim pod on
+node``; the extender's ``/preempt`` is never asked (docs/scheduler.md "Preemption"). With ``--preemption
+extender`` (issue 29 item 3) the same case ends with the preemptor bound after its victim terminates
+(``test_extender_preemption_*``).
 
 The last test is the control: where a framework resource (cpu) is short as well, the dry run finds a
 victim, the naive ``/preempt`` is called with upstream's ``ExtenderPreemptionArgs`` and kube-scheduler
@@ -77,14 +78,17 @@ class NaivePreemptExtender:
 
 
 @contextlib.contextmanager
-def cluster(api, naive_preempt: bool) -> Iterator[tuple[KubeSchedulerSim, NaivePreemptExtender | None]]:
+def cluster(api, naive_preempt: bool, preemption: str = "off",
+            preempt_verb: bool = False) -> Iterator[tuple[KubeSchedulerSim, NaivePreemptExtender | None]]:
+    """``preempt_verb``: kube-scheduler configured with our own /preempt (what the role writes when
+    preemption is not off)."""
     client = KubeClient.from_kubeconfig(api.kubeconfig_path)
-    app = SchedulerApp(client, SchedulerConfig(), register_interval_s=0.2).start()
+    app = SchedulerApp(client, SchedulerConfig(preemption=preemption), register_interval_s=0.2).start()
     assert app.extender.synced.wait(10), "scheduler caches did not sync"
     stub = AllocatorStub(client).start()
     proxy = NaivePreemptExtender(app.url) if naive_preempt else None
     sim = KubeSchedulerSim(client, proxy.url if proxy else app.url, initial_backoff_s=0.05, max_backoff_s=0.4,
-                           preempt_verb="preempt" if naive_preempt else None).start()
+                           preempt_verb="preempt" if naive_preempt or preempt_verb else None).start()
     try:
         yield sim, proxy
     finally:
@@ -177,3 +181,142 @@ def test_control_a_cpu_shortage_too_reaches_the_naive_preempt_verb_and_preempts(
         assert args["NodeNameToMetaVictims"] == {"gpu-0": {"Pods": [{"UID": low_uid}], "NumPDBViolations": 0}}
         assert _wait(lambda: sim.bound.get("default/high") == "gpu-0", 20), sim.failures
         assert api_server.get("Pod", "default", "low") is None
+
+
+# ------------------------------------------------------------------------------ --preemption extender
+class Sampler:
+    """Samples the GPU memory assigned on gpu-0 by every pod that still exists (terminating ones included:
+    their containers may still run) every 10 ms, on its own thread."""
+
+    def __init__(self, api) -> None:
+        self.api = api
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from hami_agent.protocol import decode_pod_devices, keys
+
+        while not self._stop.is_set():
+            used = 0
+            for p in self.api.list("Pod", "default"):
+                ann = p["metadata"].get("annotations") or {}
+                if ann.get(keys.VGPU_NODE) == "gpu-0" and p["spec"].get("nodeName"):
+                    used += sum(d.usedmem for c in decode_pod_devices(ann[keys.DEVICES_ALLOCATED]) for d in c)
+            self.peak = max(self.peak, used)
+            self.samples += 1
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _graceful(api) -> None:
+    api.policy.graceful_deletion = True  # a deleted pod terminates for its grace period (kubelet stand-in)
+    api.policy.finalize_expired = True
+
+
+def test_extender_preemption_runs_the_preemptor_after_one_victim_terminates(api_server):
+    """ISSUE 29 ITEM 3: the HAMi#1494 case with ``--preemption extender``. /filter finds the fewest victims
+    by HAMi's fit (one 6 GiB pod frees room for 8 GiB), holds the capacity, nominates the pod, marks the
+    victim DisruptionTarget and deletes it with its own grace period; the preemptor is bound to gpu-0 once
+    the victim is gone, and the GPU is never over-committed."""
+    _graceful(api_server)
+    with cluster(api_server, naive_preempt=False, preemption="extender") as (sim, _proxy), \
+            Sampler(api_server) as sampler:
+        api_server.create(gpu_node("gpu-0", gpus=1, mem=16384))
+        for name in ("low-a", "low-b"):
+            api_server.create(vgpu_pod(name, mem=6144, prio=0, grace=3))
+        assert sim.wait_idle(15, expect_bound=2)
+        api_server.create(vgpu_pod("high", mem=8192, prio=1000))
+
+        def terminating() -> list[dict]:
+            pods = [api_server.get("Pod", "default", n) for n in ("low-a", "low-b")]
+            return [p for p in pods if p is not None and p["metadata"].get("deletionTimestamp")]
+
+        assert _wait(lambda: terminating() or sim.bound.get("default/high"), 10)
+        (victim,) = terminating()  # while it terminates: marked as kube-scheduler marks its victims
+        cond = [c for c in victim["status"]["conditions"] if c["type"] == "DisruptionTarget"]
+        assert cond[0]["reason"] == "PreemptionByScheduler" and cond[0]["status"] == "True"
+        hold = json.loads(api_server.get("Pod", "default", "high")["metadata"]["annotations"][
+            "hami.io/preemption-hold"])
+        assert hold["node"] == "gpu-0" and hold["victims"] == [victim["metadata"]["uid"]]
+        assert _wait(lambda: sim.bound.get("default/high") == "gpu-0", 30), sim.failures
+        want = {("Preempted", victim["metadata"]["name"]), ("Preempting", "high")}
+        assert _wait(lambda: want <= {(e["reason"], e["involvedObject"]["name"])
+                                      for e in api_server.list("Event", "default")})
+        gone = [n for n in ("low-a", "low-b") if api_server.get("Pod", "default", n) is None]
+        assert len(gone) == 1, gone  # the fewest victims: one
+        high = api_server.get("Pod", "default", "high")
+        assert "hami.io/preemption-hold" not in high["metadata"]["annotations"]  # the assignment removed it
+        assert high["status"].get("nominatedNodeName") == "gpu-0"
+        assert sim.preemption.preempt_calls == []  # kube-scheduler itself still preempts nothing
+    assert sampler.samples > 10 and sampler.peak <= 16384, (sampler.samples, sampler.peak)
+
+
+def test_extender_preemption_holds_the_capacity_against_a_lower_priority_rival(api_server):
+    """While high's victim terminates, a rival of priority 500 asking 8 GiB arrives: the hold counts against
+    it, so it may not take what high's preemption frees; it preempts the remaining priority-0 pod for room of
+    its own. Both run in the end; at no sample does the GPU hold more than 16 GiB."""
+    _graceful(api_server)
+    with cluster(api_server, naive_preempt=False, preemption="extender") as (sim, _proxy), \
+            Sampler(api_server) as sampler:
+        api_server.create(gpu_node("gpu-0", gpus=1, mem=16384))
+        for name in ("low-a", "low-b"):
+            api_server.create(vgpu_pod(name, mem=6144, prio=0, grace=2))
+        assert sim.wait_idle(15, expect_bound=2)
+        api_server.create(vgpu_pod("high", mem=8192, prio=1000))
+        assert _wait(lambda: (api_server.get("Pod", "default", "high")["status"].get("nominatedNodeName")
+                              == "gpu-0"), 10)
+        api_server.create(vgpu_pod("rival", mem=8192, prio=500))
+        assert _wait(lambda: sim.bound.get("default/high") == "gpu-0", 30), sim.failures
+        assert _wait(lambda: sim.bound.get("default/rival") == "gpu-0", 30), sim.failures
+        assert [api_server.get("Pod", "default", n) for n in ("low-a", "low-b")] == [None, None]
+    assert sampler.samples > 10 and sampler.peak <= 16384, (sampler.samples, sampler.peak)
+
+
+def test_extender_preemption_never_takes_equal_priority_or_never_policy(api_server):
+    """Equal priority: no victim (the pod stays Pending, as kube-scheduler's own rule); preemptionPolicy
+    Never: nothing preempted."""
+    with cluster(api_server, naive_preempt=False, preemption="extender") as (sim, _proxy):
+        _fill_gpu(api_server, sim, prio=1000)
+        api_server.create(vgpu_pod("same", mem=8192, prio=1000))
+        polite = vgpu_pod("polite", mem=8192, prio=5000)
+        polite["spec"]["preemptionPolicy"] = "Never"
+        api_server.create(polite)
+        assert _wait(lambda: {k for k, _m in sim.failures} >= {"default/same", "default/polite"})
+        time.sleep(1.0)  # a few more cycles' worth: nothing changes
+        for name in ("same", "polite"):
+            pod = api_server.get("Pod", "default", name)
+            assert not pod["spec"].get("nodeName") and not pod["status"].get("nominatedNodeName")
+        for name in ("low-a", "low-b"):
+            assert not api_server.get("Pod", "default", name)["metadata"].get("deletionTimestamp")
+
+
+def test_a_cpu_shortage_too_reaches_our_preempt_verb_which_adds_the_gpu_victim(api_server):
+    """Where cpu is short as well, the node fails kube-scheduler's own filters (no /filter), its dry run finds
+    the cpu victim only and calls our /preempt, which adds the GPU victim HAMi's fit needs: kube-scheduler
+    deletes both and the preemptor runs. (With the naive preemptVerb only the cpu victim would go and the
+    preemptor would still not fit the GPU.)"""
+    _graceful(api_server)
+    node = gpu_node("gpu-0", gpus=1, mem=16384)
+    node["status"]["allocatable"]["cpu"] = "4"
+    api_server.create(node)
+    with cluster(api_server, naive_preempt=False, preemption="extender", preempt_verb=True) as (sim, _p):
+        api_server.create(vgpu_pod("low-cpu", mem=2048, prio=0, cpu="3", grace=1))
+        api_server.create(vgpu_pod("low-gpu", mem=12288, prio=0, cpu="500m", grace=1))
+        assert sim.wait_idle(15, expect_bound=2)
+        api_server.create(vgpu_pod("high", mem=8192, prio=1000, cpu="2"))
+        assert _wait(lambda: sim.bound.get("default/high") == "gpu-0", 30), sim.failures
+        assert [api_server.get("Pod", "default", n) for n in ("low-cpu", "low-gpu")] == [None, None]
+        args = sim.preemption.preempt_calls[0]
+        low_cpu = args["NodeNameToMetaVictims"]["gpu-0"]["Pods"]
+        assert len(low_cpu) == 1  # kube-scheduler's own dry run: the cpu victim alone
+        log = sim.preemption.log
+        assert any(m.startswith("preempted 2 pod(s) on gpu-0") for _k, m in log), log

@@ -13,6 +13,10 @@ from hami_agent.protocol.keys import NVIDIA_DEVICE as NVIDIA
 from hami_agent.protocol.requests import PERCENTAGE_UNSET as PCT_UNSET
 from hami_agent.protocol.requests import memory_for_request
 
+PREEMPT_LOWER = "PreemptLowerPriority"  # spec.preemptionPolicy's default
+PREEMPT_NEVER = "Never"
+DEFAULT_GRACE_S = 30  # spec.terminationGracePeriodSeconds's default
+
 
 @dataclass(slots=True)
 class DeviceUsage:
@@ -110,3 +114,19 @@ class PodUsage:
     # dynamic MIG: placements reserved per GPU UUID (hami.io/vgpu-mig-allocations), and GPUs whose
     # reservations contradict their mode ("*": a reservation names a GPU the node does not have)
     mig_alloc: dict[str, tuple[MigPlacement, ...]] = field(default_factory=dict)
+    # What preemption reads (issue 29; kube-scheduler's ``corev1helpers.PodPriority``: spec.priority, 0
+    # when unset): priority, spec.preemptionPolicy, the start time upstream orders victims by
+    # (``util.GetPodStartTime``: status.startTime, else creationTimestamp; epoch seconds, 0 unknown), the
+    # grace period a DELETE gives it, and whether it is terminating already (deletionTimestamp set).
+    priority: int = 0
+    preemption_policy: str = PREEMPT_LOWER
+    created: float = 0.0
+    started: float = 0.0
+    grace_s: int = DEFAULT_GRACE_S
+    terminating: bool = False
+    bound: bool = False  # spec.nodeName set: only bound pods are victims (a /bind under way is not)
+
+    def same_usage(self, other: PodUsage) -> bool:
+        """Whether both count the same devices on the same node (the informer's echo of a decision)."""
+        return (self.node, self.devices, self.mig, self.mig_alloc) == (
+            other.node, other.devices, other.mig, other.mig_alloc)

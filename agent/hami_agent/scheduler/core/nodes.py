@@ -22,7 +22,7 @@ from hami_agent.protocol.handshake import HANDSHAKE_TIMEOUT, KIND_REQUESTING
 from hami_agent.protocol.quantity import quantity_int
 from hami_agent.protocol.score import decode_pair_scores
 from hami_agent.scheduler.core.fit import NodeExtras
-from hami_agent.scheduler.core.model import DeviceUsage
+from hami_agent.scheduler.core.model import DeviceUsage, PodUsage
 from hami_agent.scheduler.core.prefit import NodeSummary
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,80 @@ class NodeState:
 
     def __post_init__(self) -> None:
         self.by_id = {d.id: d for d in self.devices}
+
+    def copy(self) -> NodeState:
+        """A what-if copy: its devices and MIG counts can change without touching this one."""
+        return NodeState(self.name, [d.clone() for d in self.devices], self.extras, dict(self.mig_capacity),
+                         dict(self.mig_used))
+
+
+def apply_pod(st: NodeState, pod: PodUsage, sign: int) -> int:
+    """Add (``sign`` +1) or take away (-1) a pod's usage on its node's state (the usage cache and the
+    preemption dry run share it). Returns how many of its devices the node does not have (counted only
+    when adding)."""
+    unknown = 0
+    for uuid, a in pod.devices.items():
+        d = st.by_id.get(uuid)
+        if d is None:
+            if sign > 0:
+                unknown += 1
+                log.v(logger, 3, "pod %s/%s: allocation on unknown device %s of node %s ignored",
+                      pod.namespace, pod.name, uuid, st.name)
+            continue
+        d.used += sign * max(a.slots, 1)
+        d.usedmem += sign * a.mem
+        d.usedcores += sign * a.cores
+    for profile, n in pod.mig:
+        st.mig_used[profile] = st.mig_used.get(profile, 0) + sign * n
+    if pod.mig_alloc or any(d.mode == keys.MODE_MIG for uuid in pod.devices
+                            if (d := st.by_id.get(uuid)) is not None):
+        _apply_mig(st, pod, sign)
+    return unknown
+
+
+def _apply_mig(st: NodeState, pod: PodUsage, sign: int) -> None:
+    """Dynamic MIG reservations of a pod, with HAMi's consistency rules (``getNodesUsage`` in
+    Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``): the placements a pod reserves occupy its MIG
+    GPU; a MIG GPU the pod uses without a reservation (the instance it expects is missing), a
+    reservation on a GPU that is not in MIG mode, or one on a GPU the node does not have, make the
+    GPU(s) unhealthy until that pod is gone."""
+    faults: set[str] = set()
+    for uuid in pod.devices:
+        d = st.by_id.get(uuid)
+        if d is None:
+            continue
+        has = bool(pod.mig_alloc.get(uuid))
+        if d.mode == keys.MODE_MIG and not has:
+            faults.add(uuid)
+            if sign > 0:
+                logger.error("MIG Pod lacks a matching profile/placement reservation: pod %s/%s gpu %s",
+                             pod.namespace, pod.name, uuid)
+        elif d.mode == keys.MODE_HAMI_CORE and has:
+            faults.add(uuid)
+            if sign > 0:
+                logger.error("found a mig task running on a hami-core GPU: pod %s/%s gpu %s",
+                             pod.namespace, pod.name, uuid)
+    for uuid, placements in pod.mig_alloc.items():
+        d = st.by_id.get(uuid)
+        if d is None:
+            faults.update(x.id for x in st.devices if x.mode == keys.MODE_MIG)
+            if sign > 0:
+                logger.error("unconsumed MIG reservations reference an unknown device: pod %s/%s gpu %s",
+                             pod.namespace, pod.name, uuid)
+            continue
+        if d.mode != keys.MODE_MIG:
+            faults.add(uuid)
+            continue
+        if sign > 0:
+            d.mig_used = (*d.mig_used, *placements)
+        else:
+            left = list(d.mig_used)
+            for pl in placements:
+                if pl in left:
+                    left.remove(pl)
+            d.mig_used = tuple(left)
+    for uuid in faults:
+        st.by_id[uuid].mig_faults += sign
 
 
 def annotations(obj: dict) -> dict[str, str]:

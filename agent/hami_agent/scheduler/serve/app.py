@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from hami_agent.protocol import keys
@@ -29,6 +30,7 @@ from hami_agent.scheduler.verbs.leadership import (
     default_advertise_url,
 )
 from hami_agent.scheduler.verbs.lockwait import NodeLockWaiter
+from hami_agent.scheduler.verbs.preemption import rebuild_holds
 from hami_agent.scheduler.verbs.requeue import Requeuer
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ class SchedulerApp:
         self.requeue = Requeuer(client, self.gate.lease_valid)
         self.extender.requeue = self.requeue
         self.sync.on_freed = self.requeue.freed
+        self.sync.on_pending_gone = self.extender.holds.release  # a deleted preemptor holds nothing
+        self.metrics.preemption_holds.set_function(lambda: len(self.extender.holds))
         # ... and before refusing, the few pods in the way are read back (scheduler/state/confirm.py)
         self.extender.gone_check = GoneCheck(self.cache, client)
         # a /bind meeting a busy node lock waits for its release (scheduler/verbs/lockwait.py), and /filter
@@ -111,6 +115,7 @@ class SchedulerApp:
         self.gate.on_ready(lambda: self.healer.submit("audit-now", self._audit_once))
         # the nodes the previous leader chose for pods not bound yet are busy here too (state/busy.py)
         self.gate.on_ready(self._busy_from_pending)
+        self.gate.on_ready(self._holds_from_pending)
         self.gate.on_refused = self._forward_refused
         self.lease_ref = (lease_namespace, lease_name)
         self.metrics_bind = metrics_bind
@@ -140,6 +145,15 @@ class SchedulerApp:
             node = (md.get("annotations") or {}).get(keys.VGPU_NODE)
             if node and md.get("uid"):
                 self.extender.busy.claim(node, md["uid"])
+
+    def _holds_from_pending(self) -> None:
+        """A new leader's preemption holds, from the pending pods' ``hami.io/preemption-hold``."""
+        informer = self.sync.pending_informer
+        if self.extender.preemption is None or informer is None:
+            return
+        n = rebuild_holds(self.extender.holds, informer.list(), time.time(), time.monotonic())
+        if n:
+            logger.info("preemption: %d hold(s) rebuilt from %s", n, keys.PREEMPTION_HOLD)
 
     def _forward_refused(self, why: str, url: str, holder: str) -> None:
         """A Warning event on the Lease: the operator sees that someone named a leader URL the followers do

@@ -1,4 +1,4 @@
-"""Who may call the extender verbs (/filter, /prioritize, /bind): only kube-scheduler.
+"""Who may call the extender verbs (/filter, /prioritize, /bind, /preempt): only kube-scheduler.
 
 Three modes (``--extender-auth``):
 

@@ -79,6 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer /filter only after the pod's assignment annotations are written (HAMi's "
                         "order). Default: answer once the decision is reserved, write in a bounded pool, and "
                         "let /bind wait for the write")
+    p.add_argument("--preemption", choices=PREEMPTION_MODES, default="off",
+                   help="GPU preemption (issue 29): off = HAMi's answers, a pod blocked only by "
+                        "lower-priority GPU pods stays Pending (HAMi never evicts for GPUs); extender = "
+                        "/filter preempts lower-priority GPU pods itself; kube-scheduler is refused at start "
+                        "(not built; docs/scheduler.md \"Preemption\")")
     p.add_argument("--gpu-scheduler-policy", default=DEFAULT_GPU_POLICY,
                    help=f"{'|'.join(GPU_POLICIES)}, or a chain such as binpack,numa")
     p.add_argument("--default-mem", type=int, default=None,
@@ -143,6 +148,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "/debug/pprof/goroutine (thread dump)")
 
 
+PREEMPTION_MODES = ("off", "extender", "kube-scheduler")
+
+
+def preemption_mode(value: str) -> str:
+    """The ``--preemption`` mode the scheduler can run, or ValueError naming what is missing."""
+    if value in ("off", "extender"):
+        return value
+    if value == "kube-scheduler":
+        raise ValueError("--preemption kube-scheduler: not implemented: it needs kube-scheduler v1.38's "
+                         "preemption with filter extenders (kubernetes/kubernetes#135486), not yet read; "
+                         "use --preemption off")
+    raise ValueError(f"--preemption {value!r}: want one of {', '.join(PREEMPTION_MODES)}")
+
+
 def build_config(args: argparse.Namespace):
     from hami_agent.protocol.requests import RequestConfig
     from hami_agent.scheduler.verbs.extender import SchedulerConfig
@@ -169,7 +188,8 @@ def build_config(args: argparse.Namespace):
         gpu_core_policy=getattr(nv, "gpu_core_policy", "default") if nv else "default",
         overwrite_env=bool(getattr(nv, "overwrite_env", False)) if nv else False,
         runtime_class_name=getattr(nv, "runtime_class_name", "") if nv else "", dra=dra,
-        avoid_busy_nodes=not args.strict_node_order, write_behind=not args.sync_filter_write)
+        avoid_busy_nodes=not args.strict_node_order, write_behind=not args.sync_filter_write,
+        preemption=preemption_mode(getattr(args, "preemption", "off")))
 
 
 def _csv(value: str) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from hami_agent.protocol import reasons as R
@@ -63,6 +63,17 @@ class SchedulerMetrics:
         self.node_failures = Counter("hami_scheduler_filter_node_failures",
                                      "Nodes /filter found unfit for a pod, by reason (a node counts once per "
                                      "reason it gave)", ["reason"], registry=self.registry)
+        # GPU preemption from /filter (--preemption extender): attempts by result (preempted: a hold and
+        # its victims; none: no node could be helped; stale: the chosen node changed during the dry run;
+        # error: the hold could not be recorded), and victims
+        self.preemptions = Counter("hami_scheduler_preemption_attempts",
+                                   "GPU preemptions /filter attempted, by result", ["result"],
+                                   registry=self.registry)
+        self.preemption_victims = Counter("hami_scheduler_preemption_victims",
+                                          "Pods /filter chose to preempt", registry=self.registry)
+        self.preemption_holds = Gauge("hami_scheduler_preemption_holds",
+                                      "Preemptors whose GPU capacity is held while their victims terminate",
+                                      registry=self.registry)
         self.registry.register(_CacheCollector(cache))
 
     def count_node_failures(self, failed: Mapping[str, str]) -> None:

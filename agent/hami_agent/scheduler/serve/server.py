@@ -49,7 +49,7 @@ from hami_agent.scheduler.verbs.extender import BadRequest
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB, like HAMi's io.LimitReader
-VERBS = ("filter", "prioritize", "bind")
+VERBS = ("filter", "prioritize", "bind", "preempt")
 
 
 def parse_bind(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -75,7 +75,7 @@ def prioritize(args: Any) -> list[dict]:
 
 _SHAPES: dict[str, Callable[[Any], Any]] = {
     "/filter": shapes.extender_args, "/prioritize": shapes.extender_args, "/bind": shapes.binding_args,
-    "/webhook": shapes.admission_review}
+    "/preempt": shapes.preemption_args, "/webhook": shapes.admission_review}
 
 
 class ExtenderHTTPServer:
@@ -103,6 +103,8 @@ class ExtenderHTTPServer:
             verbs = (("/filter", getattr(extender, "filter_route", extender.filter)),
                      ("/bind", getattr(extender, "bind_async", extender.bind)),
                      ("/prioritize", prioritize))
+            if hasattr(extender, "preempt"):  # preemptVerb (verbs/preemption.py)
+                verbs += (("/preempt", extender.preempt),)
             for path, fn in verbs:
                 if path not in json_routes:
                     json_routes[path] = fn
@@ -366,7 +368,7 @@ class ExtenderHTTPServer:
         needs_auth = verb in VERBS
         shape = _SHAPES.get(path) if validate else None
         what = {"/filter": "ExtenderArgs", "/prioritize": "ExtenderArgs", "/bind": "ExtenderBindingArgs",
-                "/webhook": "AdmissionReview"}.get(path, "body")
+                "/preempt": "ExtenderPreemptionArgs", "/webhook": "AdmissionReview"}.get(path, "body")
         # kube-scheduler sends every node name in every ExtenderArgs, the same list call after call
         repeated = RepeatedArray("NodeNames") if what == "ExtenderArgs" else None
 

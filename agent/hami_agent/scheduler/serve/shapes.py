@@ -133,6 +133,27 @@ def extender_args(body: Any) -> dict:
     return body
 
 
+def preemption_args(body: Any) -> dict:
+    """``ExtenderPreemptionArgs`` (/preempt): Pod, and NodeNameToMetaVictims (nodeCacheCapable: victims by
+    UID) or NodeNameToVictims (whole pods), each node's ``{"Pods": [...], "NumPDBViolations": n}``."""
+    _obj(body, "ExtenderPreemptionArgs", required=True)
+    pod = field_ci(body, "Pod")
+    if pod is None:
+        raise HTTPError(400, "ExtenderPreemptionArgs.Pod: missing; kube-scheduler sends the preemptor")
+    validate_pod(pod, "ExtenderPreemptionArgs.Pod")
+    for field in ("NodeNameToMetaVictims", "NodeNameToVictims"):
+        nodes = _obj(field_ci(body, field), f"ExtenderPreemptionArgs.{field}") or {}
+        for node, v in nodes.items():
+            path = f"ExtenderPreemptionArgs.{field}[{node!r}]"
+            _obj(v, path, required=True)
+            for i, p in enumerate(_list(field_ci(v, "Pods"), f"{path}.Pods") or []):
+                _obj(p, f"{path}.Pods[{i}]", required=True)
+            n = field_ci(v, "NumPDBViolations")
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+                raise _bad(f"{path}.NumPDBViolations", "a number", n)
+    return body
+
+
 def binding_args(body: Any) -> dict:
     """``ExtenderBindingArgs`` (/bind): PodName, PodNamespace, PodUID, Node."""
     _obj(body, "ExtenderBindingArgs", required=True)

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 # Annotations only the scheduler / device plugin may write on a pod. The hami_rbac role's admission policy
 # protects the same list (hami_rbac_allocation_annotations; a test keeps the two equal).
 SCHEDULER_OWNED = (keys.VGPU_NODE, keys.VGPU_TIME, keys.DEVICES_TO_ALLOCATE, keys.DEVICES_ALLOCATED,
-                   keys.MIG_ALLOCATIONS, keys.BIND_PHASE, keys.BIND_TIME)
+                   keys.MIG_ALLOCATIONS, keys.BIND_PHASE, keys.BIND_TIME, keys.PREEMPTION_HOLD)
 DEFAULT_SCHEDULER = "default-scheduler"
 
 

@@ -30,13 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hami_agent import log
-from hami_agent.protocol import keys
 from hami_agent.protocol import reasons as R
 from hami_agent.protocol.devices import MigPlacement
 from hami_agent.scheduler.core.decide import decide, evaluate
 from hami_agent.scheduler.core.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, node_score
 from hami_agent.scheduler.core.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
-from hami_agent.scheduler.core.nodes import NodeState
+from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 from hami_agent.scheduler.core.prefit import CapacityIndex, may_fit, screen_is_exact, summarize
 from hami_agent.scheduler.state.nodenames import LAST_NODE_NAMES
 
@@ -328,12 +327,16 @@ class UsageCache:
             st = self.nodes.get(node)
             if st is None:
                 return False
-            copy = NodeState(node, [d.clone() for d in st.devices], st.extras, dict(st.mig_capacity),
-                             dict(st.mig_used))
+            copy = st.copy()
             for pod in gone:
                 if self.pods.get(pod.uid) is pod and pod.node == node:
                     self._apply(copy, pod, -1)
             return self.evaluate(copy, preq, ctx, None).ok
+
+    def settled_pods_on(self, node: str) -> list[PodUsage]:
+        """The pods counted on ``node`` from the informer's view (not the assumptions: decisions still being
+        written or confirmed). Call under ``lock``."""
+        return [self.pods[u] for u in self._pods_by_node.get(node, ()) if u not in self._assumed]
 
     def forget_gone(self, uid: str, expect: PodUsage) -> PodUsage | None:
         """Stop counting a pod the API says is gone (deleted, or finished), read while the informer had
@@ -358,8 +361,9 @@ class UsageCache:
     def _set(self, uid: str, pod: PodUsage | None) -> PodUsage | None:
         """Make ``pod`` the counted usage of ``uid`` (None: nothing); returns the previous one."""
         old = self.pods.get(uid)
-        if pod is not None and old is not None and (old.node, old.devices, old.mig, old.mig_alloc) == (
-                pod.node, pod.devices, pod.mig, pod.mig_alloc):
+        if pod is not None and old is not None and old.same_usage(pod):
+            if old != pod:  # same usage, newer record (bound now, terminating): what preemption reads
+                self.pods[uid] = pod
             return old  # informer echo of our own reservation: nothing changed
         if old is not None:
             del self.pods[uid]
@@ -392,66 +396,7 @@ class UsageCache:
             return mem, cores
 
     def _apply(self, st: NodeState, pod: PodUsage, sign: int) -> None:
-        for uuid, a in pod.devices.items():
-            d = st.by_id.get(uuid)
-            if d is None:
-                if sign > 0:
-                    self.unknown_uuid_warnings += 1
-                    log.v(logger, 3, "pod %s/%s: allocation on unknown device %s of node %s ignored",
-                          pod.namespace, pod.name, uuid, st.name)
-                continue
-            d.used += sign * max(a.slots, 1)
-            d.usedmem += sign * a.mem
-            d.usedcores += sign * a.cores
-        for profile, n in pod.mig:
-            st.mig_used[profile] = st.mig_used.get(profile, 0) + sign * n
-        if pod.mig_alloc or any(d.mode == keys.MODE_MIG for uuid in pod.devices
-                                if (d := st.by_id.get(uuid)) is not None):
-            self._apply_mig(st, pod, sign)
-
-    def _apply_mig(self, st: NodeState, pod: PodUsage, sign: int) -> None:
-        """Dynamic MIG reservations of a pod, with HAMi's consistency rules (``getNodesUsage`` in
-        Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``): the placements a pod reserves occupy its MIG
-        GPU; a MIG GPU the pod uses without a reservation (the instance it expects is missing), a
-        reservation on a GPU that is not in MIG mode, or one on a GPU the node does not have, make the
-        GPU(s) unhealthy until that pod is gone."""
-        faults: set[str] = set()
-        for uuid in pod.devices:
-            d = st.by_id.get(uuid)
-            if d is None:
-                continue
-            has = bool(pod.mig_alloc.get(uuid))
-            if d.mode == keys.MODE_MIG and not has:
-                faults.add(uuid)
-                if sign > 0:
-                    logger.error("MIG Pod lacks a matching profile/placement reservation: pod %s/%s gpu %s",
-                                 pod.namespace, pod.name, uuid)
-            elif d.mode == keys.MODE_HAMI_CORE and has:
-                faults.add(uuid)
-                if sign > 0:
-                    logger.error("found a mig task running on a hami-core GPU: pod %s/%s gpu %s",
-                                 pod.namespace, pod.name, uuid)
-        for uuid, placements in pod.mig_alloc.items():
-            d = st.by_id.get(uuid)
-            if d is None:
-                faults.update(x.id for x in st.devices if x.mode == keys.MODE_MIG)
-                if sign > 0:
-                    logger.error("unconsumed MIG reservations reference an unknown device: pod %s/%s gpu %s",
-                                 pod.namespace, pod.name, uuid)
-                continue
-            if d.mode != keys.MODE_MIG:
-                faults.add(uuid)
-                continue
-            if sign > 0:
-                d.mig_used = (*d.mig_used, *placements)
-            else:
-                left = list(d.mig_used)
-                for pl in placements:
-                    if pl in left:
-                        left.remove(pl)
-                d.mig_used = tuple(left)
-        for uuid in faults:
-            st.by_id[uuid].mig_faults += sign
+        self.unknown_uuid_warnings += apply_pod(st, pod, sign)
 
     # --------------------------------------------------------------------------------- decisions
     def evaluate(self, st: NodeState, preq: PodRequest, ctx: PodContext,

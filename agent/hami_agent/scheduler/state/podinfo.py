@@ -21,7 +21,8 @@ import logging
 from hami_agent import log
 from hami_agent.protocol import MigPlacement, ProtocolError, decode_pod_devices, keys
 from hami_agent.protocol.mig import decode_mig_allocations
-from hami_agent.scheduler.core.model import PodUsage
+from hami_agent.protocol.timefmt import parse_rfc3339
+from hami_agent.scheduler.core.model import DEFAULT_GRACE_S, PREEMPT_LOWER, PREEMPT_NEVER, PodUsage
 from hami_agent.scheduler.state.cache import Signature, collapse
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,37 @@ def pod_usage(pod: dict, mig: tuple[tuple[str, int], ...] = (),
     elif init_done(pod):
         containers = [[] if i < n_init else c for i, c in enumerate(containers)]
     return PodUsage(uid=uid, namespace=ns, name=name, node=node, devices=collapse(containers, n_init),
-                    mig=mig, mig_alloc=mig_reservations_of(ann, ns, name))
+                    mig=mig, mig_alloc=mig_reservations_of(ann, ns, name), **preemption_fields(pod))
+
+
+def _epoch(value: object, what: str, ns: str, name: str) -> float:
+    if not isinstance(value, str) or not value:
+        return 0.0
+    try:
+        return parse_rfc3339(value, what).timestamp()
+    except ProtocolError as exc:
+        log.v(logger, 3, "pod %s/%s: %s", ns, name, exc)
+        return 0.0
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def preemption_fields(pod: dict) -> dict:
+    """The fields of ``PodUsage`` preemption reads (issue 29), from the pod as the API returns it. The API
+    server sets spec.priority from the PriorityClass at admission; a missing or malformed value reads as
+    kube-scheduler reads it (0, PreemptLowerPriority, 30 s)."""
+    md, spec, status = _dict(pod.get("metadata")), _dict(pod.get("spec")), _dict(pod.get("status"))
+    _uid, ns, name = pod_key(pod)
+    created = _epoch(md.get("creationTimestamp"), "metadata.creationTimestamp", ns, name)
+    started = _epoch(status.get("startTime"), "status.startTime", ns, name) or created
+    policy = spec.get("preemptionPolicy")
+    return {"priority": _int(spec.get("priority"), 0),
+            "preemption_policy": policy if policy in (PREEMPT_LOWER, PREEMPT_NEVER) else PREEMPT_LOWER,
+            "created": created, "started": started,
+            "grace_s": max(0, _int(spec.get("terminationGracePeriodSeconds"), DEFAULT_GRACE_S)),
+            "terminating": bool(md.get("deletionTimestamp")), "bound": bool(spec.get("nodeName"))}
 
 
 def mig_reservations_of(ann: dict, ns: str, name: str) -> dict[str, tuple[MigPlacement, ...]]:

@@ -58,6 +58,7 @@ class ClusterSync:
         # every node event, for the binds waiting on a node lock (scheduler/verbs/lockwait.py)
         self.on_node_seen: Callable[[dict], None] | None = None
         self.on_node_gone: Callable[[dict], None] | None = None
+        self.on_pending_gone: Callable[[str], object] | None = None  # UID of a pending pod deleted (holds)
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> ClusterSync:
@@ -73,6 +74,7 @@ class ClusterSync:
                                        on_delete=self.on_node_delete)
         self.pod_informer.add_handler(on_add=self.on_pod, on_update=lambda _o, p: self.on_pod(p),
                                       on_delete=self.on_pod_delete)
+        self.pending_informer.add_handler(on_delete=self._pending_gone)
         self.node_informer.start()
         self.pod_informer.start()
         self.pending_informer.start()
@@ -202,6 +204,10 @@ class ClusterSync:
             return
         usage, sig = countable_usage(pod, self.names, self.scheduler_name)
         self.cache.observe(uid, usage, sig)
+
+    def _pending_gone(self, pod: dict) -> None:
+        if self.on_pending_gone is not None:
+            self.on_pending_gone(pod_key(pod)[0])
 
     def on_pod_delete(self, pod: dict) -> None:
         self._freed(self.cache.observe_gone(pod_key(pod)[0]))

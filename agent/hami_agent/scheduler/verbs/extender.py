@@ -33,12 +33,14 @@ from hami_agent.scheduler.core.fit import PodContext, QuotaBudget, pod_context
 from hami_agent.scheduler.core.model import Picked, PodUsage
 from hami_agent.scheduler.core.nodes import mig_capacity, node_devices, node_extras
 from hami_agent.scheduler.core.requests import RequestError, pod_request
+from hami_agent.scheduler.state import holds as holds_mod
 from hami_agent.scheduler.state.busy import BusyNodes
 from hami_agent.scheduler.state.cache import UsageCache, collapse, mig_reservations
 from hami_agent.scheduler.state.decisions import DecisionLog, FilterDecision
 from hami_agent.scheduler.state.heal import Healer
+from hami_agent.scheduler.state.holds import Holds
 from hami_agent.scheduler.state.nodelocks import NodeLocks
-from hami_agent.scheduler.state.podinfo import annotations, signature
+from hami_agent.scheduler.state.podinfo import annotations, preemption_fields, signature
 from hami_agent.scheduler.state.podstate import PodRefused, PodStates
 from hami_agent.scheduler.state.reconcile import APPLIED, NOT_APPLIED, Reconciler
 from hami_agent.scheduler.verbs import events as ev
@@ -51,6 +53,7 @@ from hami_agent.scheduler.verbs.args import (
 )
 from hami_agent.scheduler.verbs.binder import Binder, definitive
 from hami_agent.scheduler.verbs.leadership import LeaderGate, NotLeader
+from hami_agent.scheduler.verbs.preemption import Preemption, preempt_unavailable, preempt_verb
 from hami_agent.scheduler.verbs.writebehind import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -87,6 +90,10 @@ class SchedulerConfig:
     # pool; /bind waits for that write (verbs/writebehind.py). False: /filter answers after the write,
     # as HAMi
     write_behind: bool = True
+    # GPU preemption (issue 29, docs/scheduler.md "Preemption"): "off" = HAMi's answers (HAMi never evicts
+    # for GPUs); "extender" = /filter preempts GPU pods itself (verbs/preemption.py); serve/cmd.py refuses
+    # "kube-scheduler" (not built)
+    preemption: str = "off"
     # webhook
     force_overwrite_default_scheduler: bool = True
     gpu_core_policy: str = "default"
@@ -143,6 +150,12 @@ class Extender:
         self.node_locks = NodeLocks()
         self.busy = BusyNodes(self.node_locks)
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
+        self.holds = Holds()  # GPU capacity kept for preemptors (state/holds.py)
+        self.gate.on_lost(self.holds.clear)  # a new leader rebuilds them (verbs/preemption.rebuild_holds)
+        self.preemption = Preemption(
+            cache, self.holds, rclient=self.rclient, wclient=self.wclient, gate=self.gate, writer=self.writer,
+            events=events, metrics=metrics, scheduler_name=self.config.scheduler_name,
+        ) if self.config.preemption == "extender" else None
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict, *, write_behind: bool = False) -> dict:
@@ -192,6 +205,13 @@ class Extender:
             return self._result(error=err)
         return self._decide(fa, pod, preq, ctx, behind=write_behind)
 
+    def preempt(self, args: dict) -> dict:
+        """/preempt, kube-scheduler's preemptVerb (``verbs/preemption.py`` ``preempt_verb``)."""
+        if not self.gate.is_leader():
+            self._count("preempt", "forwarded")
+            return self.gate.forward("preempt", args, preempt_unavailable)
+        return preempt_verb(self, args)
+
     def filter_route(self, args: dict) -> dict:
         """/filter as served over HTTP: write-behind unless ``--sync-filter-write``."""
         return self.filter(args, write_behind=self.config.write_behind)
@@ -207,6 +227,11 @@ class Extender:
         avoid = self.busy.nodes() if self.config.avoid_busy_nodes and not simulate else frozenset()
         given = self._given_nodes(fa.nodes) if simulate else []
         encoded = vtime = mig = ""
+        rec = preemption_fields(pod)
+        held: dict = {}
+        if len(self.holds) and not simulate:
+            self.holds.expire()
+            held = self.holds.against(uid, rec["priority"])
         with self.cache.lock:
             prev = None if simulate else self.cache.exclude(uid)  # a retry must not count the pod twice
             # budget under the lock: concurrent filters of one namespace must see each other's pods
@@ -214,9 +239,9 @@ class Extender:
             if simulate:
                 dec = self.cache.simulate(given, preq, ctx, quota)
             else:
-                dec = self.cache.decide(fa.names, preq, ctx, quota,
-                                        self.config.event_nodes if self.events else 0, pod_name=name,
-                                        avoid=avoid)
+                dec = holds_mod.decide(self.cache, fa.names, held, preq, ctx, quota,
+                                       event_nodes=self.config.event_nodes if self.events else 0,
+                                       pod_name=name, avoid=avoid)
             if dec.node is not None and not simulate:
                 encoded = encode_pod_devices(dec.fit.containers)  # Picked has ContainerDevice's fields
                 mig = mig_allocations_value(dec.fit.containers)
@@ -224,8 +249,9 @@ class Extender:
                 self.cache.assume(uid, PodUsage(uid=uid, namespace=ns, name=name, node=dec.node,
                                                 devices=collapse(dec.fit.containers, preq.n_init),
                                                 mig=preq.mig,
-                                                mig_alloc=mig_reservations(dec.fit.containers)),
+                                                mig_alloc=mig_reservations(dec.fit.containers), **rec),
                                   (dec.node, encoded, vtime))
+                self.holds.release(uid)  # its own hold, if any: the assumption counts the devices now
             elif not simulate:
                 self.cache.restore(uid, prev)
         if dec.node is None and not simulate and not confirmed and self.gone_check is not None:
@@ -237,6 +263,8 @@ class Extender:
                     for node in freed:  # other parked pods may want what freed, as on the informer's path
                         self.requeue.freed(node)
                 return self._decide(fa, pod, preq, ctx, confirmed=True, behind=behind)
+        if dec.node is None and self.preemption is not None and not simulate and self.client is not None:
+            dec.failed = self.preemption.refused(pod, uid, fa.names, preq, ctx, rec, dec.failed)
         if dec.node is None:
             self._count("filter", "unschedulable")
             if self.metrics is not None and not simulate:
@@ -315,6 +343,8 @@ class Extender:
                                       keys.DEVICES_TO_ALLOCATE: encoded, keys.DEVICES_ALLOCATED: encoded}
         if mig or keys.MIG_ALLOCATIONS in annotations(pod):
             ann[keys.MIG_ALLOCATIONS] = mig or None
+        if keys.PREEMPTION_HOLD in annotations(pod):
+            ann[keys.PREEMPTION_HOLD] = None  # the assignment ends a preemptor's hold
         try:
             self.gate.check("pod annotations")
             self.wclient.patch_pod_metadata(ns, name, annotations=ann,
