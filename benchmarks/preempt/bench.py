@@ -21,9 +21,11 @@ Run: ``python -m benchmarks preempt``. Printed, never asserted.
 
 from __future__ import annotations
 
+import argparse
 import random
 import time
 
+from benchmarks import goals
 from hami_agent.scheduler.core import preempt as pre
 from hami_agent.scheduler.core.fit import PodContext
 from hami_agent.scheduler.core.model import (
@@ -108,6 +110,10 @@ def victims_ratio(cases: int = 300, seed: int = 1) -> tuple[int, int, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks preempt",
+                                     description=(__doc__ or "").split("\n")[0])
+    goals.add_flag(parser)
+    args = parser.parse_args(argv)
     SUMMARY.clear()
     worst = timings()
     SUMMARY.append(("dry run, 1,000 full 8-GPU nodes, one-GPU request", f"{worst:.0f} ms", "<= 500 ms",
@@ -118,4 +124,4 @@ def main(argv: list[str] | None = None) -> int:
           f"(ratio {ratio:.3f}); the exact search evicts fewer on {fewer} of them")
     SUMMARY.append(("victims, exact search / upstream's reprieve",
                     f"{ratio:.3f} ({fewer}/{both} nodes fewer)", "<= 1.0", ratio <= 1.0))
-    return 0
+    return goals.exit_code(SUMMARY, args.no_goals)
