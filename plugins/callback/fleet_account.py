@@ -138,7 +138,9 @@ class Account:
         rec = self._host(host)
         rec.seen(self.clock())
         rec.tasks += 1
-        msg = result.get("msg") or "unreachable"
+        # a looped task says "All items completed": the connection's own message is in its items
+        items = [r for r in result.get("results") or [] if isinstance(r, dict) and r.get("unreachable")]
+        msg = (items[0].get("msg") if items else None) or result.get("msg") or "unreachable"
         rec.unreachable = {"play": self.play, "task": self.task, "msg": _clip(msg)}
         rec.reached_after = False
 

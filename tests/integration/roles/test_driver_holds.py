@@ -1,5 +1,6 @@
 """roles/nvidia_driver/tasks/install.yml: one dpkg-query reads every driver package's selection, and
-dpkg_selections runs only for the packages whose selection differs (a converged node runs it for none).
+dpkg_selections (one task, holding or releasing as nvidia_driver_hold says) runs only for the packages whose
+selection differs (a converged node runs it for none).
 
 The role's own loop expressions are evaluated by ansible-playbook on localhost against dpkg-query answers
 of the shape the real command prints (``${Package} ${db:Status-Want}``; packages that are not installed are
@@ -30,16 +31,16 @@ def _task(name: str) -> dict:
 
 
 def _loops(lines: list[str], tmp_path: Path) -> dict[str, list[str]]:
-    """The Hold and Release tasks' loops, as Ansible evaluates them, for dpkg-query output ``lines``."""
-    hold, release = _task("Hold the driver packages"), _task("Release the holds")
+    """The hold task's loop, as Ansible evaluates it, for dpkg-query output ``lines``: with
+    nvidia_driver_hold true ("hold") and false ("release")."""
+    task = _task("Hold the driver packages, or release the holds")
+    tasks = [{"name": f"loop {name}", "ansible.builtin.debug": {"msg": task["loop"]},
+              "vars": {**task["vars"], "nvidia_driver_hold": hold}}
+             for name, hold in (("hold", True), ("release", False))]
     play = [{"hosts": "localhost", "gather_facts": False,
              "vars": {"_nvidia_driver_packages": PACKAGES,
                       "_nvidia_driver_selections": {"stdout_lines": lines, "rc": 1}},
-             "tasks": [{"name": "loops", "ansible.builtin.debug": {"msg": {
-                 "hold": hold["loop"].replace("_selected", "_hold_selected"),
-                 "release": release["loop"].replace("_selected", "_release_selected")}},
-                 "vars": {"_hold_selected": hold["vars"]["_selected"],
-                          "_release_selected": release["vars"]["_selected"]}}]}]
+             "tasks": tasks}]
     pb = tmp_path / "loops.yml"
     pb.write_text(yaml.safe_dump(play, width=4096))
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1",
@@ -49,7 +50,8 @@ def _loops(lines: list[str], tmp_path: Path) -> dict[str, list[str]]:
                           text=True, timeout=120, env=env, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    return doc["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
+    done = doc["plays"][0]["tasks"]
+    return {name: done[i]["hosts"]["localhost"]["msg"] for i, name in enumerate(("hold", "release"))}
 
 
 def test_a_converged_node_runs_dpkg_selections_for_no_package(tmp_path: Path) -> None:

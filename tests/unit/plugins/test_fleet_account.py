@@ -80,6 +80,14 @@ def test_an_unreachable_host_that_nobody_recorded_is_unreachable_with_the_play_a
     assert "not running" in v["detail"]
 
 
+def test_an_unreachable_looped_task_gives_the_connection_message_of_its_item() -> None:
+    a = account()
+    a.play, a.task = "GPU nodes, all at once", "kubelet : Plan | find the kubespray and kubeadm layouts"
+    a.unreachable_("n1", {"msg": "All items completed", "unreachable": True,
+                          "results": [{"unreachable": True, "msg": "host went down during play"}]})
+    assert a.result()["nodes"]["n1"]["detail"] == "host went down during play"
+
+
 def test_a_failure_nobody_rescued_fails_the_host() -> None:
     a = account()
     a.play, a.task = "Scheduler extender", "hami_scheduler : Start"
