@@ -73,6 +73,8 @@ KINDS: dict[str, KindInfo] = {k.plural: k for k in (
     KindInfo("resourcequotas", "resourcequota", "/api/v1", True),
     KindInfo("configmaps", "configmap", "/api/v1", True),
     KindInfo("leases", "lease", "/apis/coordination.k8s.io/v1", True),
+    # GPU preemption's dry run counts PodDisruptionBudgets (scheduler/core/pdb.py)
+    KindInfo("poddisruptionbudgets", "poddisruptionbudget", "/apis/policy/v1", True),
     # Dynamic Resource Allocation, resource.k8s.io/v1 (Kubernetes >= 1.34): the DRA driver (hami_agent.dra)
     KindInfo("resourceslices", "resourceslice", "/apis/resource.k8s.io/v1", False),
     KindInfo("resourceclaims", "resourceclaim", "/apis/resource.k8s.io/v1", True),

@@ -54,6 +54,9 @@ RARE: dict[str, dict[tuple[str, str, str], str]] = {
         # simulated kube-scheduler in tests/integration/scheduler/test_preemption_limit.py)
         ("delete", "", "pods"): "verbs/preemption.py Preemption._preempt_one (--preemption extender)",
         ("patch", "", "pods/status"): "verbs/preemption.py Preemption._act (--preemption extender)",
+        # its dry run counts PodDisruptionBudgets: an informer started only with --preemption on
+        ("list", "policy", "poddisruptionbudgets"): "state/sync.py pdb_informer (--preemption extender)",
+        ("watch", "policy", "poddisruptionbudgets"): "state/sync.py pdb_informer (--preemption extender)",
     },
     PLUGIN_USER: {
         # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer

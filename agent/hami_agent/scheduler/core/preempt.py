@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hami_agent.protocol import keys
@@ -32,6 +32,11 @@ from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 SYSTEM_CRITICAL = 2_000_000_000  # kubernetes pkg/apis/scheduling/types.go SystemCriticalPriority
 MAX_FITS = 512  # fit runs per node for the exact search; past it, upstream's reprieve
 _SHIFT = 1 << 31  # preemption.go: each priority shifted by MaxInt32+1 before summing, so all terms are > 0
+
+# PodDisruptionBudgets: the UIDs that violate one whatever the set, or a function of a victim set (most
+# important first) giving the UIDs of that set that violate one (``core.pdb.Violations``, upstream's
+# ``filterPodsWithPDBViolation``: a budget is spent by the earlier victims of the same set)
+Pdb = Collection[str] | Callable[[Sequence[PodUsage]], Collection[str]]
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,18 @@ def potential_victims(pods: Iterable[PodUsage], priority: int) -> list[PodUsage]
     return sorted((p for p in pods if p.priority < priority and p.priority < SYSTEM_CRITICAL), key=importance)
 
 
-def set_key(victims: Sequence[PodUsage], pdb: Collection[str]) -> tuple:
+def violators(pdb: Pdb, pods: Sequence[PodUsage]) -> Collection[str]:
+    """The UIDs among ``pods`` (one victim set) whose eviction would violate a PodDisruptionBudget."""
+    return pdb(sorted(pods, key=importance)) if callable(pdb) else pdb
+
+
+def set_key(victims: Sequence[PodUsage], pdb: Pdb) -> tuple:
     """Which victim set is cheaper on one node: fewer victims, then the lowest highest priority, then fewer
-    PDB violations, then the lowest priority sum, then the latest-started victims (upstream reprieves the
-    earlier-started first), then UIDs."""
+    PDB violations (counted within the set), then the lowest priority sum, then the latest-started victims
+    (upstream reprieves the earlier-started first), then UIDs."""
+    bad = violators(pdb, victims) if pdb else ()
     return (len(victims), max((p.priority for p in victims), default=-_SHIFT),
-            sum(1 for p in victims if p.uid in pdb), sum(p.priority for p in victims),
+            sum(1 for p in victims if p.uid in bad), sum(p.priority for p in victims),
             sorted(-p.started for p in victims), sorted(p.uid for p in victims))
 
 
@@ -94,24 +105,27 @@ def fit_without(st: NodeState, gone: Iterable[PodUsage], preq: PodRequest, ctx: 
 
 
 def reprieve(st: NodeState, cands: Sequence[PodUsage], preq: PodRequest, ctx: PodContext,
-             pdb: Collection[str] = ()) -> Victims | None:
+             pdb: Pdb = ()) -> Victims | None:
     """Upstream's victim selection (``SelectVictimsOnNode`` ``:265-296``): take every candidate away, then
     add them back one by one, PDB violators first and most important first in each group, keeping each
-    that still lets the pod fit. None when the pod does not fit even with every candidate gone."""
+    that still lets the pod fit. None when the pod does not fit even with every candidate gone. As upstream,
+    the violators are judged over all the candidates, and the victims among them are counted."""
     if not fit_without(st, cands, preq, ctx).ok:
         return None
-    order = [p for p in cands if p.uid in pdb] + [p for p in cands if p.uid not in pdb]
+    bad = violators(pdb, cands)
+    order = [p for p in cands if p.uid in bad] + [p for p in cands if p.uid not in bad]
     gone = list(order)
     for p in order:
         trial = [q for q in gone if q is not p]
         if fit_without(st, trial, preq, ctx).ok:
             gone = trial
-    return _victims(st, gone, preq, ctx, pdb, exact=False)
+    return _victims(st, gone, preq, ctx, bad, exact=False)
 
 
 def _victims(st: NodeState, gone: Sequence[PodUsage], preq: PodRequest, ctx: PodContext,
-             pdb: Collection[str], exact: bool) -> Victims:
+             pdb: Pdb, exact: bool) -> Victims:
     fit = fit_without(st, gone, preq, ctx)
+    pdb = violators(pdb, gone) if callable(pdb) else pdb
     return Victims(st.name, tuple(sorted(gone, key=importance)), sum(1 for p in gone if p.uid in pdb), fit,
                    exact)
 
@@ -139,11 +153,11 @@ def target_groups(st: NodeState, cands: Sequence[PodUsage],
 
 
 def select_victims_on_node(st: NodeState, pods: Iterable[PodUsage], preq: PodRequest, ctx: PodContext,
-                           priority: int, pdb: Collection[str] = (),
+                           priority: int, pdb: Pdb = (),
                            max_fits: int = MAX_FITS) -> Victims | None:
     """The cheapest victim set on one node (``set_key``), or None when taking every lower-priority pod away
     would not make the pod fit. ``pods``: the pods counted on the node (the caller leaves out those whose
-    /bind is under way); ``pdb``: UIDs whose eviction would violate a PodDisruptionBudget. A pod that fits
+    /bind is under way); ``pdb``: which victims would violate a PodDisruptionBudget (``Pdb``). A pod that fits
     already gets an empty set. Sets are tried by size, and within a size cheapest first, so the first set
     that fits is the answer. When the sets of the next size would take the runs past ``max_fits``,
     upstream's reprieve answers instead (``exact`` False)."""
@@ -188,7 +202,7 @@ def num_candidates(potential: int) -> int:
 
 def preempt(nodes: Mapping[str, NodeState], pods_by_node: Mapping[str, Sequence[PodUsage]],
             names: Sequence[str], preq: PodRequest, ctx: PodContext, priority: int, policy: str,
-            pdb: Collection[str] = (), max_fits: int = MAX_FITS) -> Victims | None:
+            pdb: Pdb = (), max_fits: int = MAX_FITS) -> Victims | None:
     """The dry run over the candidate nodes ``names`` (those kube-scheduler sent, which passed its own
     filters) and the pick among them; None when the pod may not preempt or no node can be helped. Only nodes
     with a potential victim are tried, in the order given (upstream starts at a random offset), and the run

@@ -71,7 +71,8 @@ class SchedulerApp:
             self.gate.attach(self.elector, Forwarder(forward))
         self.sync = ClusterSync(client, self.cache, self.config.names, is_leader=self.gate.lease_valid,
                                 interval_s=register_interval_s, node_label_selector=node_label_selector,
-                                scheduler_name=self.config.scheduler_name, dra=self.config.dra)
+                                scheduler_name=self.config.scheduler_name, dra=self.config.dra,
+                                pdbs=self.config.preemption != "off")
         self.gate.relist = self.sync.relist_pods  # a new leader relists before its first decision
         self.extender = Extender(self.cache, self.config, client, self.events, self.metrics,
                                  cached_pods=self.sync.pending_pod, gate=self.gate, healer=self.healer)
@@ -81,6 +82,8 @@ class SchedulerApp:
         self.sync.on_freed = self.requeue.freed
         self.sync.on_pending_gone = self.extender.holds.release  # a deleted preemptor holds nothing
         self.metrics.preemption_holds.set_function(lambda: len(self.extender.holds))
+        if self.extender.preemption is not None:  # the dry run counts PodDisruptionBudgets (core/pdb.py)
+            self.extender.preemption.pdbs = self.sync.pdb_violations
         # ... and before refusing, the few pods in the way are read back (scheduler/state/confirm.py)
         self.extender.gone_check = GoneCheck(self.cache, client)
         # a /bind meeting a busy node lock waits for its release (scheduler/verbs/lockwait.py), and /filter

@@ -1,7 +1,8 @@
 """Keeps the usage cache in step with the cluster: a node informer (register annotation, cordon,
 pair scores), a pod informer on pods labelled ``hami.io/vgpu-node`` (their allocations, counted by the
 rules of ``podinfo``), an informer on pending pods of our scheduler (the trusted pod state /filter and
-/bind read, see ``podstate``), and the register loop that applies the handshake rules (Project-HAMi/HAMi
+/bind read, see ``podstate``), with GPU preemption on a PodDisruptionBudget informer (``core.pdb``), and
+the register loop that applies the handshake rules (Project-HAMi/HAMi
 ``pkg/device/devices.go`` ``CheckHealth``; usage: ``pkg/device/pods.go``) every 15 s, leader only."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hami_agent import log
 from hami_agent.protocol import keys
 from hami_agent.protocol.requests import RequestConfig, RequestSettings
 from hami_agent.scheduler.core.dra import without_dra_managed
+from hami_agent.scheduler.core.model import PodUsage
 from hami_agent.scheduler.core.nodes import (
     DELETE,
     HandshakeTracker,
@@ -24,6 +26,7 @@ from hami_agent.scheduler.core.nodes import (
     node_devices,
     node_extras,
 )
+from hami_agent.scheduler.core.pdb import Violations, budget
 from hami_agent.scheduler.state.cache import UsageCache
 from hami_agent.scheduler.state.podinfo import countable_usage, is_terminated, pod_key
 
@@ -34,8 +37,9 @@ class ClusterSync:
     def __init__(self, client: Any, cache: UsageCache, names: RequestSettings | None = None, *,
                  is_leader: Callable[[], bool] = lambda: True, interval_s: float = 15.0,
                  now: Callable[[], datetime] = datetime.now, node_label_selector: str | None = None,
-                 scheduler_name: str = "hami-scheduler", dra: Any = None) -> None:
+                 scheduler_name: str = "hami-scheduler", dra: Any = None, pdbs: bool = False) -> None:
         self.client = client
+        self.pdbs = pdbs  # watch PodDisruptionBudgets (GPU preemption's dry run counts them; not when off)
         self.dra = dra  # hami_agent.config.DraConfig: GPUs assigned to the DRA driver are not ours
         self.scheduler_name = scheduler_name
         self.cache = cache
@@ -54,6 +58,7 @@ class ClusterSync:
         self.node_informer: Any = None
         self.pod_informer: Any = None
         self.pending_informer: Any = None
+        self.pdb_informer: Any = None
         self.on_freed: Callable[[str], None] | None = None  # node whose GPU capacity a pod stopped using
         # every node event, for the binds waiting on a node lock (scheduler/verbs/lockwait.py)
         self.on_node_seen: Callable[[dict], None] | None = None
@@ -78,12 +83,16 @@ class ClusterSync:
         self.node_informer.start()
         self.pod_informer.start()
         self.pending_informer.start()
+        if self.pdbs:
+            self.pdb_informer = Informer(self.client, kind="poddisruptionbudgets")
+            self.pdb_informer.start()
         self._thread = threading.Thread(target=self._loop, name="register-loop", daemon=True)
         self._thread.start()
         return self
 
     def _informers(self) -> list[Any]:
-        return [self.node_informer, self.pod_informer, self.pending_informer]
+        out = [self.node_informer, self.pod_informer, self.pending_informer]
+        return [*out, self.pdb_informer] if self.pdbs else out
 
     def wait_synced(self, timeout: float) -> bool:
         # "is not None": an Informer has __len__, so an empty one is falsy
@@ -99,6 +108,18 @@ class ClusterSync:
     def pending_pod(self, namespace: str, name: str) -> dict | None:
         inf = self.pending_informer
         return inf.get(namespace, name) if inf is not None else None
+
+    def pdb_violations(self) -> Violations:
+        """The budgets as the PDB informer shows them now, and the victims' labels from the pod informer
+        (for GPU preemption's dry run, ``core.pdb``)."""
+        objs = self.pdb_informer.list() if self.pdb_informer is not None else []
+
+        def labels_of(p: PodUsage) -> dict | None:
+            pod = self.pod_informer.get(p.namespace, p.name) if self.pod_informer is not None else None
+            md = (pod or {}).get("metadata") or {}
+            return md.get("labels") if md.get("uid") == p.uid else None
+
+        return Violations([budget(o) for o in objs], labels_of)
 
     def relist_pods(self, timeout: float) -> bool:
         """Bring the allocation informer up to the API's present (a new leader calls this first)."""

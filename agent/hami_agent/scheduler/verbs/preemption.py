@@ -125,6 +125,8 @@ class Preemption:
         self.metrics = metrics
         self.scheduler_name = scheduler_name
         self.clock = clock
+        # PodDisruptionBudgets for the dry run (state/sync.py ``pdb_violations``); None: none counted
+        self.pdbs: Callable[[], pre.Pdb] | None = None
 
     def refused(self, pod: dict, uid: str, names: list[str], preq: PodRequest, ctx: PodContext, rec: dict,
                 failed: dict[str, str]) -> dict[str, str]:
@@ -144,7 +146,8 @@ class Preemption:
         # the dry run on a snapshot, outside the lock (it may take many fits: /filter must not wait on it)
         with self.cache.lock:
             nodes, pods = self._snapshot(uid, names, rec["priority"])
-        v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"])
+        pdb = self.pdbs() if self.pdbs is not None else ()
+        v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"], pdb)
         if v is None:
             self._count("none")
             return failed
