@@ -320,3 +320,30 @@ def test_a_cpu_shortage_too_reaches_our_preempt_verb_which_adds_the_gpu_victim(a
         assert len(low_cpu) == 1  # kube-scheduler's own dry run: the cpu victim alone
         log = sim.preemption.log
         assert any(m.startswith("preempted 2 pod(s) on gpu-0") for _k, m in log), log
+
+
+def test_extender_preemption_spares_the_pod_a_disruption_budget_protects(api_server):
+    """Two GPUs, each held by one priority-0 pod of 12 GiB; the one on the second GPU is protected by a
+    PodDisruptionBudget with ``disruptionsAllowed`` 0. An 8 GiB preemptor needs one of them gone: the dry run
+    counts the budget (``filterPodsWithPDBViolation``) and prefers the set that violates none, so the
+    unprotected pod is the victim and the protected one keeps running."""
+    _graceful(api_server)
+    with cluster(api_server, naive_preempt=False, preemption="extender") as (sim, _proxy):
+        api_server.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                           "metadata": {"name": "guard", "namespace": "default"},
+                           "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
+        api_server.create(gpu_node("gpu-0", gpus=2, mem=16384))
+        for name, app in (("free", "batch"), ("guarded", "guarded")):
+            pod = vgpu_pod(name, mem=12288, prio=0, grace=1)
+            pod["metadata"]["labels"] = {"app": app}
+            api_server.create(pod)
+            assert sim.wait_idle(15, expect_bound=1 if name == "free" else 2)
+        pdb = api_server.get("PodDisruptionBudget", "default", "guard")
+        assert _wait(lambda: "observedGeneration" in (api_server.get(
+            "PodDisruptionBudget", "default", "guard").get("status") or {})), pdb
+        assert api_server.get("PodDisruptionBudget", "default", "guard")["status"]["disruptionsAllowed"] == 0
+        api_server.create(vgpu_pod("high", mem=8192, prio=1000))
+        assert _wait(lambda: sim.bound.get("default/high") == "gpu-0", 30), sim.failures
+        assert api_server.get("Pod", "default", "free") is None
+        guarded = api_server.get("Pod", "default", "guarded")
+        assert guarded is not None and not guarded["metadata"].get("deletionTimestamp")
