@@ -78,12 +78,15 @@ class NaivePreemptExtender:
 
 
 @contextlib.contextmanager
-def cluster(api, naive_preempt: bool, preemption: str = "off",
-            preempt_verb: bool = False) -> Iterator[tuple[KubeSchedulerSim, NaivePreemptExtender | None]]:
+def cluster(api, naive_preempt: bool, preemption: str = "off", preempt_verb: bool = False,
+            apps: list[SchedulerApp] | None = None) -> Iterator[tuple[KubeSchedulerSim,
+                                                                    NaivePreemptExtender | None]]:
     """``preempt_verb``: kube-scheduler configured with our own /preempt (what the role writes when
-    preemption is not off)."""
+    preemption is not off). ``apps``: the extender is appended to it (to read its metrics)."""
     client = KubeClient.from_kubeconfig(api.kubeconfig_path)
     app = SchedulerApp(client, SchedulerConfig(preemption=preemption), register_interval_s=0.2).start()
+    if apps is not None:
+        apps.append(app)
     assert app.extender.synced.wait(10), "scheduler caches did not sync"
     stub = AllocatorStub(client).start()
     proxy = NaivePreemptExtender(app.url) if naive_preempt else None
@@ -326,9 +329,11 @@ def test_extender_preemption_spares_the_pod_a_disruption_budget_protects(api_ser
     """Two GPUs, each held by one priority-0 pod of 12 GiB; the one on the second GPU is protected by a
     PodDisruptionBudget with ``disruptionsAllowed`` 0. An 8 GiB preemptor needs one of them gone: the dry run
     counts the budget (``filterPodsWithPDBViolation``) and prefers the set that violates none, so the
-    unprotected pod is the victim and the protected one keeps running."""
+    unprotected pod is the victim and the protected one keeps running. Its wait from the hold to the binding
+    is one sample of ``hami_scheduler_preemption_wait_seconds``."""
     _graceful(api_server)
-    with cluster(api_server, naive_preempt=False, preemption="extender") as (sim, _proxy):
+    apps: list[SchedulerApp] = []
+    with cluster(api_server, naive_preempt=False, preemption="extender", apps=apps) as (sim, _proxy):
         api_server.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                            "metadata": {"name": "guard", "namespace": "default"},
                            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
@@ -347,3 +352,5 @@ def test_extender_preemption_spares_the_pod_a_disruption_budget_protects(api_ser
         assert api_server.get("Pod", "default", "free") is None
         guarded = api_server.get("Pod", "default", "guarded")
         assert guarded is not None and not guarded["metadata"].get("deletionTimestamp")
+        registry = apps[0].metrics.registry
+        assert registry.get_sample_value("hami_scheduler_preemption_wait_seconds_count") == 1

@@ -59,6 +59,34 @@ def test_deadline_is_the_last_victims_grace_plus_slack():
         100.0 + 40 + H.SLACK_S)
 
 
+def test_the_wait_runs_from_the_hold_to_the_binding_on_the_held_node_only():
+    """``hami_scheduler_preemption_wait_seconds``'s sample: kept from the reservation on the held node to the
+    binding there; none for another node, for a rebuilt hold (start unknown), or for an owner never bound
+    there once ``WAIT_TTL_S`` has passed."""
+    clock = Clock()
+    holds = H.Holds(clock)
+    since = clock.t
+    holds.put(H.Hold(usage("p", "n1", 100, 8000), ("v",), clock.t + 60, since=since))
+    clock.t += 7
+    holds.reserved("p", "n1")
+    assert holds.get("p") is None  # the reservation ends the hold
+    clock.t += 2
+    assert holds.waited("p", "n2") is None  # bound elsewhere: no sample
+    holds.put(H.Hold(usage("p", "n1", 100, 8000), ("v",), clock.t + 60, since=since))
+    holds.reserved("p", "n1")
+    assert holds.waited("p", "n1") == 9.0 and holds.waited("p", "n1") is None  # once
+    holds.put(H.Hold(usage("q", "n1", 100, 8000), ("v",), clock.t + 60, since=clock.t))
+    holds.reserved("q", "n2")  # decided on another node
+    holds.put(hold("r", "n1", 100, 8000, deadline=clock.t + 60))  # rebuilt: since None
+    holds.reserved("r", "n1")
+    assert [holds.waited(o, "n1") for o in ("q", "r")] == [None, None]
+    holds.put(H.Hold(usage("s", "n1", 100, 8000), ("v",), clock.t + 60, since=clock.t))
+    holds.reserved("s", "n1")  # then deleted before its binding: its entry goes by age
+    clock.t += H.WAIT_TTL_S + 1
+    holds.reserved("t", "n1")  # (any reservation prunes)
+    assert holds.waited("s", "n1") is None
+
+
 def test_a_higher_priority_hold_clears_lower_ones_on_its_node_only():
     holds = H.Holds(Clock())
     holds.put(hold("low", "n1", 10, 4000, 1e9))

@@ -15,6 +15,8 @@ from hami_agent.protocol import reasons as R
 from hami_agent.protocol.errors import ProtocolError
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# a preemptor's wait: the victims' grace period (30 s by default) and more (docs/scheduler.md "What it costs")
+WAIT_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 
 
 class _CacheCollector:
@@ -74,6 +76,11 @@ class SchedulerMetrics:
         self.preemption_holds = Gauge("hami_scheduler_preemption_holds",
                                       "Preemptors whose GPU capacity is held while their victims terminate",
                                       registry=self.registry)
+        # from a preemptor's hold to its binding on the held node (the victims' grace period, teardown,
+        # informer lag, requeue backoff, one cycle); holds rebuilt by a new leader are not observed
+        self.preemption_wait = Histogram("hami_scheduler_preemption_wait_seconds",
+                                         "Seconds from a GPU preemption's hold to the preemptor's binding on "
+                                         "the held node", buckets=WAIT_BUCKETS, registry=self.registry)
         self.registry.register(_CacheCollector(cache))
 
     def count_node_failures(self, failed: Mapping[str, str]) -> None:

@@ -11,7 +11,8 @@ pod that meets holds fits the held nodes on a copy (``decide``), outside the cac
 
 A hold ends when its owner's own decision is reserved (its assumption then counts the devices), when the
 owner is deleted, when a higher-priority preemption on the node replaces it, or at its deadline (the
-longest victim grace period plus ``SLACK_S``).
+longest victim grace period plus ``SLACK_S``). A hold that ends in a reservation on its own node is
+remembered until the owner is bound there, for ``hami_scheduler_preemption_wait_seconds`` (``waited``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 from hami_agent.scheduler.state.cache import Decision, UsageCache
 
 SLACK_S = 120.0  # past the last victim's grace period: teardown, informer lag, requeue backoff, one cycle
+WAIT_TTL_S = 3600.0  # a reserved owner's hold start is kept this long for its binding (``waited``)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Hold:
     usage: PodUsage
     victims: tuple[str, ...]
     deadline: float
+    since: float | None = None  # when it was made (monotonic); None: rebuilt by a new leader, start unknown
 
     @property
     def owner(self) -> str:
@@ -65,6 +68,7 @@ class Holds:
         self._clock = clock
         self._lock = threading.Lock()
         self._by_owner: dict[str, Hold] = {}
+        self._binding: dict[str, tuple[str, float]] = {}  # owner -> (held node, hold's since): until bound
 
     def put(self, hold: Hold) -> list[Hold]:
         """Record ``hold`` (replacing its owner's earlier one). Holds of lower priority on the same node are
@@ -86,6 +90,26 @@ class Holds:
     def release(self, owner: str) -> Hold | None:
         with self._lock:
             return self._by_owner.pop(owner, None)
+
+    def reserved(self, owner: str, node: str) -> None:
+        """The owner's own decision is reserved on ``node``: its hold ends; if ``node`` is the held one, its
+        start is kept for ``waited``."""
+        now = self._clock()
+        with self._lock:
+            h = self._by_owner.pop(owner, None)
+            # the pending-pod watch cannot tell a bound owner from a deleted one: entries of owners never
+            # bound here go by age
+            for o in [o for o, (_n, since) in self._binding.items() if since < now - WAIT_TTL_S]:
+                del self._binding[o]
+            if h is not None and h.node == node and h.since is not None:
+                self._binding[owner] = (node, h.since)
+
+    def waited(self, owner: str, node: str) -> float | None:
+        """The owner is bound to ``node``: seconds from its hold to now when that is the node it held, else
+        None."""
+        with self._lock:
+            got = self._binding.pop(owner, None)
+        return self._clock() - got[1] if got is not None and got[0] == node else None
 
     def expire(self) -> list[Hold]:
         """Drop the holds past their deadline; returns them."""
@@ -113,6 +137,7 @@ class Holds:
         """Leadership lost: the next leader rebuilds the holds from the annotations."""
         with self._lock:
             self._by_owner.clear()
+            self._binding.clear()
 
     def all(self) -> list[Hold]:
         with self._lock:

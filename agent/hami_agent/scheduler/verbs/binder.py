@@ -93,6 +93,7 @@ class Binder:
         self.waiter: Any = None  # lockwait.NodeLockWaiter: park binds that meet a busy lock
         # the node as the node watch shows it (name -> Node or None): the lock's first attempt skips a GET
         self.watched_node: Callable[[str], dict | None] | None = None
+        self.on_bound: Callable[[BindArgs], object] | None = None  # a binding done (preemption's wait metric)
         self._lock = threading.Lock()
         self._active: set[str] = set()  # uids with a /bind in progress
         self._lock_waits: dict[str, tuple[float, int]] = {}  # uid -> (its wait's deadline, waits so far)
@@ -293,11 +294,16 @@ class Binder:
     def _bound(self, b: BindArgs, pod: dict) -> dict:
         self.decisions.drop(b.uid)
         self._count("bind", "ok")
+        self._announce(b)
         logger.info("pod %s/%s bound to node %s", b.namespace, b.name, b.node)
         if self.events:
             self.events.emit(pod, ev.NORMAL, ev.BINDING_SUCCEED,
                              ev.binding_succeed_message(b.node, b.namespace, b.name))
         return {"Error": ""}
+
+    def _announce(self, b: BindArgs) -> None:
+        if self.on_bound is not None:
+            self.on_bound(b)
 
     def _refuse(self, b: BindArgs, why: str) -> dict:
         msg = f"pod {b.namespace}/{b.name} (uid {b.uid}) {why}; not bound, nothing written"
@@ -411,6 +417,7 @@ class Binder:
             if where == b.node:
                 logger.info("pod %s/%s: in-doubt binding resolved: bound to %s (lock kept for Allocate)",
                             b.namespace, b.name, b.node)
+                self._announce(b)
                 done()
                 return None
             why = f"bound to {where}" if where and where != GONE else "gone" if where else (
@@ -424,6 +431,7 @@ class Binder:
                 self.gate.check("pods/binding")
                 self.wclient.bind_pod(b.namespace, b.name, b.node, uid=b.uid)
                 logger.info("pod %s/%s: in-doubt binding completed: bound to %s", b.namespace, b.name, b.node)
+                self._announce(b)
                 done()
                 return None
             except NotLeader:

@@ -46,6 +46,7 @@ from hami_agent.scheduler.state.reconcile import APPLIED, NOT_APPLIED, Reconcile
 from hami_agent.scheduler.verbs import events as ev
 from hami_agent.scheduler.verbs.args import (
     BadRequest,
+    BindArgs,
     FilterArgs,
     field_ci,
     parse_bind_args,
@@ -152,10 +153,18 @@ class Extender:
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
         self.holds = Holds()  # GPU capacity kept for preemptors (state/holds.py)
         self.gate.on_lost(self.holds.clear)  # a new leader rebuilds them (verbs/preemption.rebuild_holds)
+        self.binder.on_bound = self._preemptor_bound
         self.preemption = Preemption(
             cache, self.holds, rclient=self.rclient, wclient=self.wclient, gate=self.gate, writer=self.writer,
             events=events, metrics=metrics, scheduler_name=self.config.scheduler_name,
         ) if self.config.preemption == "extender" else None
+
+    def _preemptor_bound(self, b: BindArgs) -> None:
+        """A preemptor bound on the node it held: how long it waited
+        (``hami_scheduler_preemption_wait_seconds``)."""
+        waited = self.holds.waited(b.uid, b.node)
+        if waited is not None and self.metrics is not None:
+            self.metrics.preemption_wait.observe(waited)
 
     # ----------------------------------------------------------------------------------- filter
     def filter(self, args: dict, *, write_behind: bool = False) -> dict:
@@ -251,7 +260,7 @@ class Extender:
                                                 mig=preq.mig,
                                                 mig_alloc=mig_reservations(dec.fit.containers), **rec),
                                   (dec.node, encoded, vtime))
-                self.holds.release(uid)  # its own hold, if any: the assumption counts the devices now
+                self.holds.reserved(uid, dec.node)  # its own hold ends: the assumption counts the devices now
             elif not simulate:
                 self.cache.restore(uid, prev)
         if dec.node is None and not simulate and not confirmed and self.gone_check is not None:

@@ -162,7 +162,8 @@ class Preemption:
             usage = PodUsage(uid=uid, namespace=ns, name=name, node=v.node,
                              devices=collapse(fit.containers, preq.n_init), mig=preq.mig,
                              mig_alloc=mig_reservations(fit.containers), **rec)
-            hold = Hold(usage, tuple(p.uid for p in v.pods), deadline_for(v.pods, self.clock()))
+            now = self.clock()
+            hold = Hold(usage, tuple(p.uid for p in v.pods), deadline_for(v.pods, now), since=now)
             cleared = self.holds.put(hold)
         for h in cleared:
             logger.info("preemption: hold of pod %s/%s on node %s cleared by higher-priority pod %s/%s",
