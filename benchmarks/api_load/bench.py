@@ -385,6 +385,12 @@ def figures(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         rows.append((f"api-load: {kind} RSS (max of {int(u['n'])})", f"{u['rss_max_mb']:.0f} MB", "<= 100 MB",
                      u["rss_max_mb"] <= 100))
         rows.append((f"api-load: {kind} idle CPU", f"{u['cpu_pct']:.2f} % of a core", "-", True))
+    agents = r["idle_agents"]
+    if "device-plugin" in agents and "monitor" in agents:
+        # issue 31: what an idle node pays for the product, in ms of CPU per second (1 % of a core = 10)
+        per_node = (agents["device-plugin"]["cpu_pct"] + agents["monitor"]["cpu_pct"]) * 10
+        rows.append(("api-load: idle device plugin + monitor CPU per node", f"{per_node:.2f} ms/s",
+                     "<= 1 ms/s", per_node <= 1.0))
     if "churn" in r:
         ch = r["churn"]
         per_event = ch["_writes"] / max(1e-9, r["churn_pod_events_per_node_hour"])

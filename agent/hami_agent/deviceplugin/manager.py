@@ -37,6 +37,9 @@ from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 logger = logging.getLogger(__name__)
 
 CRASH_MESSAGE = "GRPC server has repeatedly crashed"
+# On an idle node the NVML gauges (status, snapshot age, each NVML function's last duration: ~25 label
+# lookups) are refreshed this often rather than on every socket-check tick (issue 31: most of the idle cost)
+NVML_METRICS_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class DevicePluginManager:
         self.paused = False
         self.reregistrations = 0
         self._last_self_check = 0.0
+        self._nvml_metrics_at = 0.0
         self._warn_once = log.WarnOnce(logger)
         self._stream_losses: dict[str, _StreamLosses] = {}
         # shared with the node register loop (cmd.py): one file, one trust rule
@@ -265,6 +269,7 @@ class DevicePluginManager:
         self._update_nvml_metrics(snap)
 
     def _update_nvml_metrics(self, snap: Any) -> None:
+        self._nvml_metrics_at = time.monotonic()
         status = getattr(snap, "status", "ok")
         self.metrics.nvml_stuck.set(1 if status == "stuck" else 0)
         for s in ("starting", "ok", "stuck", "error"):
@@ -446,7 +451,7 @@ class DevicePluginManager:
                 # (a new generation) or while a device waits out its recovery quiet period (time-based).
                 if changed or self.health.pending_recoveries():
                     self._apply_snapshot(snap)
-                else:
+                elif time.monotonic() - self._nvml_metrics_at >= NVML_METRICS_EVERY_S:
                     self._update_nvml_metrics(snap)
                 self._sync_servers()  # also retries a server whose start failed
                 self._check_sockets()

@@ -1,0 +1,28 @@
+"""api-load's figures: the idle CPU an idle node pays for the product, judged against issue 31's budget."""
+
+import pytest
+
+from benchmarks.api_load.bench import figures
+
+pytestmark = pytest.mark.unit
+
+
+def _result(plugin_pct: float, monitor_pct: float) -> dict:
+    idle = {"_writes": 0, "_non_watch": 0, "_total": 0, "watch": {"requests": 0}}
+    agent = {"rss_max_mb": 60.0, "n": 4}
+    return {"idle": idle, "idle_agents": {"device-plugin": {**agent, "cpu_pct": plugin_pct},
+                                          "monitor": {**agent, "cpu_pct": monitor_pct}}}
+
+
+def _row(rows, figure):
+    return next(r for r in rows if r[0] == figure)
+
+
+def test_idle_cpu_per_node_is_device_plugin_plus_monitor_in_ms_per_second():
+    row = _row(figures(_result(0.31, 0.03)), "api-load: idle device plugin + monitor CPU per node")
+    assert row[1] == "3.40 ms/s" and row[2] == "<= 1 ms/s" and row[3] is False
+
+
+def test_idle_cpu_within_the_budget_is_met():
+    row = _row(figures(_result(0.07, 0.02)), "api-load: idle device plugin + monitor CPU per node")
+    assert row[1] == "0.90 ms/s" and row[3] is True
