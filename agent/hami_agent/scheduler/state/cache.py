@@ -34,6 +34,13 @@ from hami_agent.protocol import reasons as R
 from hami_agent.protocol.devices import MigPlacement
 from hami_agent.scheduler.core.decide import decide, evaluate
 from hami_agent.scheduler.core.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, node_score
+from hami_agent.scheduler.core.fitclass import (
+    device_verdict,
+    node_profiles,
+    shareable,
+    state_key,
+    verdict_request,
+)
 from hami_agent.scheduler.core.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 from hami_agent.scheduler.core.prefit import CapacityIndex, may_fit, screen_is_exact, summarize
@@ -122,6 +129,7 @@ class UsageCache:
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
         self._capacity = CapacityIndex()
+        self._mig_profiles: dict[tuple, tuple] = {}  # a handful: one per GPU model and MIG config
         self._static_mig: dict[str, set[str]] = {}  # profile -> nodes with static MIG capacity for it
         self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
         # kube-scheduler sends the same node names on every /filter: the set built for the last list is
@@ -135,6 +143,9 @@ class UsageCache:
                  mig_capacity: dict[str, int] | None = None) -> None:
         """Add or replace a node's devices; usage of cached pods on it is re-applied."""
         with self.lock:
+            for d in devices:  # one object per distinct MIG profile list (core/fitclass.py state_key)
+                if d.mig_profiles:
+                    d.mig_profiles = self._mig_profiles.setdefault(d.mig_profiles, d.mig_profiles)
             st = NodeState(name, devices, extras or NodeExtras(), dict(mig_capacity or {}))
             if name not in self.nodes:
                 self._nodes_gen += 1
@@ -176,6 +187,8 @@ class UsageCache:
     def _touch(self, st: NodeState) -> None:
         st.score = node_score(st.devices)
         st.summary = summarize(st.devices)
+        st.profiles = node_profiles(st)
+        st.state_key = None  # core/fitclass.py state_key, computed when a pod fits nowhere
         self._capacity.update(st.name, st.summary)
         key = (st.score, st.name)
         if self._rank.get(st.name) != key:
@@ -437,8 +450,8 @@ class UsageCache:
                     if best is not None and (event_nodes or log.enabled(logger, 2)):
                         pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
-                    self._fit_into(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
-                                   preq, ctx, exact, screen=False)
+                    self._fit_classes(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
+                                      preq, ctx)
                 fits = m.fits
                 ok_of = m.ok
             else:  # namespace quota changes with every pod of the namespace: no memo
@@ -497,6 +510,44 @@ class UsageCache:
             st = self.nodes[n]
             m.put(n, self._screen(st, preq, ctx, exact) if screen else self.evaluate(st, preq, ctx, None),
                   self._rank[n])
+        m.dirty -= todo
+
+    def _fit_classes(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext) -> None:
+        """Fit every node of ``todo`` for its reason (the pod fits nowhere), one fit per node class
+        (``core.fitclass``): the nodes of a class get the same failure, as one fit per node would give."""
+        if log.enabled(logger, 4):  # the -v=4 "filtered out" line shows each node's own detail
+            self._fit_into(m, todo, preq, ctx, False, screen=False)
+            return
+        req = verdict_request(preq, ctx)
+        numa = ctx.numa_bind
+        by_state = not (ctx.use_uuids or ctx.nouse_uuids)  # UUID lists read what state_key leaves out
+        topo = "topology-aware" in ctx.gpu_policy
+        verdicts: dict[str, object] = {}  # device profile -> its verdict for this request
+        shared: dict[tuple, NodeFit] = {}  # class key -> the failure its nodes share
+        nodes, rank, put, get = self.nodes, self._rank, m.put, verdicts.get
+        for n in todo:
+            st = nodes[n]
+            key: tuple | None = None
+            if (req is not None and st.summary is not None and not st.summary.has_mig
+                    and len(st.profiles) == len(st.devices)):
+                vs = list(map(get, st.profiles))
+                if None in vs:
+                    for i, d in enumerate(st.devices):
+                        if vs[i] is None:
+                            v = device_verdict(d, req, ctx, st.extras.cordoned)
+                            # strings: a class key of strings hashes from their cached hashes
+                            vs[i] = verdicts[st.profiles[i]] = f"{d.numa}:{v}" if numa else v
+                key = tuple(sorted(vs))  # type: ignore[type-var]
+            elif by_state and not (topo and st.extras.pair_scores):  # the topology choice reads UUIDs
+                if st.state_key is None:
+                    st.state_key = state_key(st)
+                key = (st.state_key,) if st.state_key else None
+            r = shared.get(key) if key is not None else None
+            if r is None:
+                r = self.evaluate(st, preq, ctx, None)
+                if key is not None and shareable(r, st):
+                    shared[key] = r
+            put(n, r, rank[n])
         m.dirty -= todo
 
     def _picked(self, m: _Memo, n: str, preq: PodRequest, ctx: PodContext) -> bool:
