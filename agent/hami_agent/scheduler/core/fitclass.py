@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hami_agent.protocol import keys
 from hami_agent.protocol import reasons as R
 from hami_agent.scheduler.core.fit import _NVIDIA_LOWER, NodeFit, PodContext, fit_devices
 from hami_agent.scheduler.core.model import NVIDIA, ContainerDeviceRequest, DeviceUsage, PodRequest
@@ -76,10 +75,6 @@ class _Cordons:
 
     def __init__(self, cordoned: frozenset[str]) -> None:
         self.cordoned = cordoned
-
-
-def has_mig_gpu(st: NodeState) -> bool:
-    return any(d.mode == keys.MODE_MIG for d in st.devices)
 
 
 def state_key(st: NodeState) -> str:

@@ -187,8 +187,9 @@ class UsageCache:
     def _touch(self, st: NodeState) -> None:
         st.score = node_score(st.devices)
         st.summary = summarize(st.devices)
-        st.profiles = node_profiles(st)
-        st.state_key = None  # core/fitclass.py state_key, computed when a pod fits nowhere
+        # core/fitclass.py class keys: a MIG node's state key now (its classes need it), others' lazily
+        st.profiles = () if st.summary.has_mig else node_profiles(st)
+        st.state_key = state_key(st) if st.summary.has_mig else None
         self._capacity.update(st.name, st.summary)
         key = (st.score, st.name)
         if self._rank.get(st.name) != key:
@@ -522,32 +523,49 @@ class UsageCache:
         numa = ctx.numa_bind
         by_state = not (ctx.use_uuids or ctx.nouse_uuids)  # UUID lists read what state_key leaves out
         topo = "topology-aware" in ctx.gpu_policy
-        verdicts: dict[str, object] = {}  # device profile -> its verdict for this request
-        shared: dict[tuple, NodeFit] = {}  # class key -> the failure its nodes share
-        nodes, rank, put, get = self.nodes, self._rank, m.put, verdicts.get
+        verdicts: dict[str, str] = {}  # device profile -> its verdict for this request
+        classes: dict[tuple, list[str]] = {}
+        alone: list[str] = []  # nodes without a class: a fit each
+        nodes, get = self.nodes, verdicts.get
         for n in todo:
             st = nodes[n]
-            key: tuple | None = None
-            if (req is not None and st.summary is not None and not st.summary.has_mig
-                    and len(st.profiles) == len(st.devices)):
-                vs = list(map(get, st.profiles))
+            profiles = st.profiles  # empty on a node with a MIG-mode GPU (``_touch``)
+            if req is not None and profiles:
+                vs = list(map(get, profiles))
                 if None in vs:
                     for i, d in enumerate(st.devices):
                         if vs[i] is None:
                             v = device_verdict(d, req, ctx, st.extras.cordoned)
                             # strings: a class key of strings hashes from their cached hashes
-                            vs[i] = verdicts[st.profiles[i]] = f"{d.numa}:{v}" if numa else v
-                key = tuple(sorted(vs))  # type: ignore[type-var]
+                            vs[i] = verdicts[profiles[i]] = f"{d.numa}:{v}" if numa else v
+                vs.sort()  # type: ignore[call-arg]
+                key: tuple = tuple(vs)
             elif by_state and not (topo and st.extras.pair_scores):  # the topology choice reads UUIDs
                 if st.state_key is None:
                     st.state_key = state_key(st)
-                key = (st.state_key,) if st.state_key else None
-            r = shared.get(key) if key is not None else None
-            if r is None:
-                r = self.evaluate(st, preq, ctx, None)
-                if key is not None and shareable(r, st):
-                    shared[key] = r
-            put(n, r, rank[n])
+                if not st.state_key:
+                    alone.append(n)
+                    continue
+                key = (st.state_key,)
+            else:
+                alone.append(n)
+                continue
+            members = classes.get(key)
+            if members is None:
+                classes[key] = [n]
+            else:
+                members.append(n)
+        rank, fits = self._rank, m.fits
+        for members in classes.values():
+            r = self.evaluate(nodes[members[0]], preq, ctx, None)
+            if not shareable(r, nodes[members[0]]):
+                alone.extend(members)
+                continue
+            for n in m.pos.keys() & members:  # fitted before its change: leaves the fitting order
+                m.drop(n)
+            fits.update(dict.fromkeys(members, r))
+        for n in alone:
+            m.put(n, self.evaluate(nodes[n], preq, ctx, None), rank[n])
         m.dirty -= todo
 
     def _picked(self, m: _Memo, n: str, preq: PodRequest, ctx: PodContext) -> bool:
