@@ -50,6 +50,9 @@ def bare_filter(args: dict) -> dict:
     }
 
 
+FITS_NOWHERE: list[bool] = []  # per request of the last run_requests: answered FailedNodes (fits nowhere)
+
+
 def _post(conn: http.client.HTTPConnection, body: bytes) -> float:
     t0 = time.perf_counter()
     conn.request("POST", "/filter", body, {"Content-Type": "application/json"})
@@ -58,6 +61,7 @@ def _post(conn: http.client.HTTPConnection, body: bytes) -> float:
     dt = time.perf_counter() - t0
     if resp.status != 200:
         raise RuntimeError(f"/filter answered {resp.status}: {data[:200]!r}")
+    FITS_NOWHERE.append(bool(json.loads(data).get("FailedNodes")))  # after the clock stopped
     return dt
 
 
@@ -70,6 +74,7 @@ def run_requests(
     bare = http.client.HTTPConnection("127.0.0.1", bare_port, timeout=60) if bare_port else None
     lat: list[float] = []
     bare_lat: list[float] = []
+    FITS_NOWHERE.clear()
     for b in bodies:
         lat.append(_post(conn, b))
         if bare is not None:
@@ -144,6 +149,7 @@ def bench_size(n_nodes: int, requests: list, seed: int = 1) -> dict:
         t1 = time.perf_counter()
         lat, _ = run_requests(srv.port, bodies)
         wall = time.perf_counter() - t1
+        nowhere = list(FITS_NOWHERE)
         bare_lat, _ = run_requests(bare.port, bodies[:200])
     finally:
         UsageCache.decide = real_decide  # type: ignore[method-assign]
@@ -151,6 +157,8 @@ def bench_size(n_nodes: int, requests: list, seed: int = 1) -> dict:
         bare.stop()
         sink.stop()
     cold = [x for x, c in zip(lat, cold_flags, strict=True) if c]
+    # the first request of a shape that fits nowhere: every node's reason (one fit per node class)
+    cold_nowhere = [x for x, c, f in zip(lat, cold_flags, nowhere, strict=True) if c and f]
     warm = [x for x, c in zip(lat, cold_flags, strict=True) if not c]
     ms = 1e3
     return {
@@ -169,6 +177,8 @@ def bench_size(n_nodes: int, requests: list, seed: int = 1) -> dict:
         "cold_p50_ms": pct(cold, 0.5) * ms if cold else 0.0,
         "cold_p99_ms": pct(cold, 0.99) * ms if cold else 0.0,
         "cold_max_ms": max(cold) * ms if cold else 0.0,
+        "cold_nowhere": len(cold_nowhere),
+        "cold_nowhere_max_ms": max(cold_nowhere) * ms if cold_nowhere else 0.0,
         "pods_per_s": len(lat) / wall,
         "bare_p50_ms": pct(bare_lat, 0.5) * ms,
         "lazy_fits": cache.lazy_fits,
@@ -249,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['cold_p50_ms']:>8.2f} {r['cold_p99_ms']:>8.2f} "
             f"{r['cold_max_ms']:>8.1f} {r['pods_per_s']:>7.1f} {r['bare_p50_ms']:>8.2f} {r['rss_mb']:>7.0f}"
         )
+    for r in results:
+        print(f"{r['nodes']:>6} nodes: {r['cold_nowhere']} cold request(s) that fit nowhere, slowest "
+              f"{r['cold_nowhere_max_ms']:.1f} ms (every node's reason in FailedNodes)")
     for name, value, goal, ok in SUMMARY:
         print(f"{'ok ' if ok else 'MISS'} {name}: {value} (goal {goal})")
     print(

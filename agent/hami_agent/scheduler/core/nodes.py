@@ -40,6 +40,10 @@ class NodeState:
     score: float = 0.0
     by_id: dict[str, DeviceUsage] = field(default_factory=dict)
     summary: NodeSummary | None = None  # prefit's, computed on demand; None again after every change
+    # core/fitclass.py device_profile of each device (the usage cache sets them on every change; none on a
+    # node with a MIG-mode GPU)
+    profiles: tuple[str, ...] = ()
+    state_key: str | None = None  # core/fitclass.py state_key, cached by the usage cache until a change
 
     def __post_init__(self) -> None:
         self.by_id = {d.id: d for d in self.devices}

@@ -5,6 +5,7 @@ dashboards keep working; they are computed from the usage cache at scrape time."
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,9 +88,9 @@ class SchedulerMetrics:
         """Count ``/filter``'s per-node failure texts (``"1/2 CardInsufficientMemory, ..."`` or a bare
         reason) by reason word. The label takes only the known reasons (bounded), anything else is
         ``Other``."""
-        for text in failed.values():
+        for text, n in collections.Counter(failed.values()).items():  # thousands of nodes share a few texts
             for reason in failure_reasons(text):
-                self.node_failures.labels(reason).inc()
+                self.node_failures.labels(reason).inc(n)
 
 
 # the scheduler's own failure strings that are not one-word HAMi reasons, as label values

@@ -34,6 +34,13 @@ from hami_agent.protocol import reasons as R
 from hami_agent.protocol.devices import MigPlacement
 from hami_agent.scheduler.core.decide import decide, evaluate
 from hami_agent.scheduler.core.fit import NodeExtras, NodeFit, PodContext, QuotaBudget, node_score
+from hami_agent.scheduler.core.fitclass import (
+    device_verdict,
+    node_profiles,
+    shareable,
+    state_key,
+    verdict_request,
+)
 from hami_agent.scheduler.core.model import DeviceAmount, DeviceUsage, Picked, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 from hami_agent.scheduler.core.prefit import CapacityIndex, may_fit, screen_is_exact, summarize
@@ -122,6 +129,7 @@ class UsageCache:
         self.unknown_uuid_warnings = 0
         self.lazy_fits = 0  # nodes fitted by best-first walks (tests, benchmarks)
         self._capacity = CapacityIndex()
+        self._mig_profiles: dict[tuple, tuple] = {}  # a handful: one per GPU model and MIG config
         self._static_mig: dict[str, set[str]] = {}  # profile -> nodes with static MIG capacity for it
         self._last_decide = 0.0  # monotonic time of the last decide (the counts wait for a quiet moment)
         # kube-scheduler sends the same node names on every /filter: the set built for the last list is
@@ -135,6 +143,9 @@ class UsageCache:
                  mig_capacity: dict[str, int] | None = None) -> None:
         """Add or replace a node's devices; usage of cached pods on it is re-applied."""
         with self.lock:
+            for d in devices:  # one object per distinct MIG profile list (core/fitclass.py state_key)
+                if d.mig_profiles:
+                    d.mig_profiles = self._mig_profiles.setdefault(d.mig_profiles, d.mig_profiles)
             st = NodeState(name, devices, extras or NodeExtras(), dict(mig_capacity or {}))
             if name not in self.nodes:
                 self._nodes_gen += 1
@@ -176,6 +187,9 @@ class UsageCache:
     def _touch(self, st: NodeState) -> None:
         st.score = node_score(st.devices)
         st.summary = summarize(st.devices)
+        # core/fitclass.py class keys: a MIG node's state key now (its classes need it), others' lazily
+        st.profiles = () if st.summary.has_mig else node_profiles(st)
+        st.state_key = state_key(st) if st.summary.has_mig else None
         self._capacity.update(st.name, st.summary)
         key = (st.score, st.name)
         if self._rank.get(st.name) != key:
@@ -437,8 +451,8 @@ class UsageCache:
                     if best is not None and (event_nodes or log.enabled(logger, 2)):
                         pending = (weakref.ref(m), self._names_ref(names_set), spread, event_nodes, preq, ctx)
                 if best is None:  # fits nowhere: every candidate's reason goes into FailedNodes
-                    self._fit_into(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
-                                   preq, ctx, exact, screen=False)
+                    self._fit_classes(m, {n for n in names_set if n in m.dirty or m.fits.get(n) is PRUNED},
+                                      preq, ctx)
                 fits = m.fits
                 ok_of = m.ok
             else:  # namespace quota changes with every pod of the namespace: no memo
@@ -497,6 +511,61 @@ class UsageCache:
             st = self.nodes[n]
             m.put(n, self._screen(st, preq, ctx, exact) if screen else self.evaluate(st, preq, ctx, None),
                   self._rank[n])
+        m.dirty -= todo
+
+    def _fit_classes(self, m: _Memo, todo: set[str], preq: PodRequest, ctx: PodContext) -> None:
+        """Fit every node of ``todo`` for its reason (the pod fits nowhere), one fit per node class
+        (``core.fitclass``): the nodes of a class get the same failure, as one fit per node would give."""
+        if log.enabled(logger, 4):  # the -v=4 "filtered out" line shows each node's own detail
+            self._fit_into(m, todo, preq, ctx, False, screen=False)
+            return
+        req = verdict_request(preq, ctx)
+        numa = ctx.numa_bind
+        by_state = not (ctx.use_uuids or ctx.nouse_uuids)  # UUID lists read what state_key leaves out
+        topo = "topology-aware" in ctx.gpu_policy
+        verdicts: dict[str, str] = {}  # device profile -> its verdict for this request
+        classes: dict[tuple, list[str]] = {}
+        alone: list[str] = []  # nodes without a class: a fit each
+        nodes, get = self.nodes, verdicts.get
+        for n in todo:
+            st = nodes[n]
+            profiles = st.profiles  # empty on a node with a MIG-mode GPU (``_touch``)
+            if req is not None and profiles:
+                vs = list(map(get, profiles))
+                if None in vs:
+                    for i, d in enumerate(st.devices):
+                        if vs[i] is None:
+                            v = device_verdict(d, req, ctx, st.extras.cordoned)
+                            # strings: a class key of strings hashes from their cached hashes
+                            vs[i] = verdicts[profiles[i]] = f"{d.numa}:{v}" if numa else v
+                vs.sort()  # type: ignore[call-arg]
+                key: tuple = tuple(vs)
+            elif by_state and not (topo and st.extras.pair_scores):  # the topology choice reads UUIDs
+                if st.state_key is None:
+                    st.state_key = state_key(st)
+                if not st.state_key:
+                    alone.append(n)
+                    continue
+                key = (st.state_key,)
+            else:
+                alone.append(n)
+                continue
+            members = classes.get(key)
+            if members is None:
+                classes[key] = [n]
+            else:
+                members.append(n)
+        rank, fits = self._rank, m.fits
+        for members in classes.values():
+            r = self.evaluate(nodes[members[0]], preq, ctx, None)
+            if not shareable(r, nodes[members[0]]):
+                alone.extend(members)
+                continue
+            for n in m.pos.keys() & members:  # fitted before its change: leaves the fitting order
+                m.drop(n)
+            fits.update(dict.fromkeys(members, r))
+        for n in alone:
+            m.put(n, self.evaluate(nodes[n], preq, ctx, None), rank[n])
         m.dirty -= todo
 
     def _picked(self, m: _Memo, n: str, preq: PodRequest, ctx: PodContext) -> bool:

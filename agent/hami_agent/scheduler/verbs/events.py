@@ -41,14 +41,17 @@ def filtering_failed_messages(failed: dict[str, str]) -> list[str]:
     """One message per reason type, ``"<k> nodes <Reason>(<node1,node2>)"``; the generic
     ``"no available node, <N> nodes do not meet"`` when no reason can be attributed."""
     by_reason: dict[str, list[str]] = {}
+    parsed: dict[str, list[str]] = {}  # thousands of nodes share a few texts: each is parsed once
     for node, reason in failed.items():
-        try:
-            words = list(parse_reason(reason))  # "<n>/<m> <Reason>, ..." (the protocol's format)
-        except ProtocolError:  # bare reasons such as NodeInsufficientDevice or "node unregistered"
-            words = [reason]
+        words = parsed.get(reason)
+        if words is None:
+            try:
+                words = [w for w in parse_reason(reason) if w]  # "<n>/<m> <Reason>, ...": the protocol
+            except ProtocolError:  # bare reasons such as NodeInsufficientDevice or "node unregistered"
+                words = [reason] if reason else []
+            parsed[reason] = words
         for word in words:
-            if word:
-                by_reason.setdefault(word, []).append(node)
+            by_reason.setdefault(word, []).append(node)
     if not by_reason:
         return [f"no available node, {len(failed)} nodes do not meet"]
     return [f"{len(nodes)} nodes {reason}({','.join(sorted(nodes))})"
