@@ -49,14 +49,6 @@ RARE: dict[str, dict[tuple[str, str, str], str]] = {
         # pods come from the pending-pod informer; a GET only when it has not shown the pod (or the
         # decision's write) yet (scheduler/state/podstate.py PodStates.get), or to read back a lost answer
         ("get", "", "pods"): "scheduler/state/podstate.py PodStates.get (watch lag), binder.py read-backs",
-        # GPU preemption (--preemption extender, default off): the victims' DisruptionTarget condition and
-        # DELETE, the preemptor's nominatedNodeName (scheduler/verbs/preemption.py; exercised with the
-        # simulated kube-scheduler in tests/integration/scheduler/test_preemption_limit.py)
-        ("delete", "", "pods"): "verbs/preemption.py Preemption._preempt_one (--preemption extender)",
-        ("patch", "", "pods/status"): "verbs/preemption.py Preemption._act (--preemption extender)",
-        # its dry run counts PodDisruptionBudgets: an informer started only with --preemption on
-        ("list", "policy", "poddisruptionbudgets"): "state/sync.py pdb_informer (--preemption extender)",
-        ("watch", "policy", "poddisruptionbudgets"): "state/sync.py pdb_informer (--preemption extender)",
     },
     PLUGIN_USER: {
         # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer

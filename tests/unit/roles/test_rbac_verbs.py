@@ -165,6 +165,10 @@ def _render(name: str, **overrides) -> list[dict]:
     return render(name, hami_rbac_node_name="gpu-1", **overrides)
 
 
+# What only GPU preemption needs (granted only with hami_rbac_scheduler_preemption on)
+PREEMPTION = frozenset({("pods", "delete"), ("pods/status", "patch"), ("poddisruptionbudgets", "list"),
+                        ("poddisruptionbudgets", "watch")})
+
 # ClusterRoles the cluster bootstraps that the role only binds (rules as in kubernetes bootstrappolicy)
 BOOTSTRAP = {"system:auth-delegator": AUTH_DELEGATOR}
 
@@ -209,9 +213,14 @@ IDENTITIES = {
                                         ("hami-device-plugin", "hami-device-plugin-gpu-1")),
     # --extender-auth=token needs TokenReview + SubjectAccessReview: granted only when the role is asked to
     "scheduler": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
-                          "hami-scheduler", optional=frozenset(AUTH_DELEGATOR)),
+                          "hami-scheduler", optional=frozenset(AUTH_DELEGATOR) | PREEMPTION),
+    # GPU preemption (hami_scheduler_preemption: extender): victims deleted, nominations and conditions, budgets
+    "scheduler, preemption": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
+                                      "hami-scheduler", (("hami_rbac_scheduler_preemption", "extender"),),
+                                      optional=frozenset(AUTH_DELEGATOR)),
     "scheduler, token auth": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
-                                      "hami-scheduler", (("hami_rbac_scheduler_token_review", True),)),
+                                      "hami-scheduler", (("hami_rbac_scheduler_token_review", True),),
+                                      optional=PREEMPTION),
     # an operator's `hami-agent doctor` (cluster, node, pod, invariants) with the read-only role
     "doctor": Identity(("doctor",), ("hami-doctor",)),
 }
