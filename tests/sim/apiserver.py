@@ -219,10 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def write_chunk(self, data: bytes) -> None:
+        if data:  # counted before the client can read it: a reader that got the event sees it counted
+            self.server.api.accounting.add_bytes_out(*self.acct_who, "watch", len(data))
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
-        if data:
-            self.server.api.accounting.add_bytes_out(*self.acct_who, "watch", len(data))
 
 
 def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
