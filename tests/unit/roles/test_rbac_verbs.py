@@ -214,7 +214,7 @@ IDENTITIES = {
     # --extender-auth=token needs TokenReview + SubjectAccessReview: granted only when the role is asked to
     "scheduler": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
                           "hami-scheduler", optional=frozenset(AUTH_DELEGATOR) | PREEMPTION),
-    # GPU preemption (hami_scheduler_preemption: extender): victims deleted, nominations and conditions, budgets
+    # GPU preemption (hami_scheduler_preemption: extender): victims deleted, nominations, conditions, budgets
     "scheduler, preemption": Identity(("scheduler",), ("hami-scheduler", "hami-scheduler-leader-election"),
                                       "hami-scheduler", (("hami_rbac_scheduler_preemption", "extender"),),
                                       optional=frozenset(AUTH_DELEGATOR)),
