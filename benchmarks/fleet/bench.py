@@ -587,6 +587,8 @@ class Bench:
             "actions": model.cost_by(doc, names, "action")[:15],
             "task_walls": model.task_walls(doc)[:15],
             "memory": cgroup_memory_bytes(),
+            "main_maxrss_mib": doc.get("end", {}).get("maxrss_kib", 0) / 1024,
+            "host_state": doc.get("end", {}).get("host_state", {}),
             "cprofile": top_functions((env or {}).get("HAMI_FLEET_CPROFILE", "")),
             "log": r["log"],
             "env": env or {},
@@ -809,6 +811,17 @@ def report(results: dict[str, Any], forks: int, cores: int, rtt_s: float) -> Non
         for row in big["top_tasks"][:12]:
             print(
                 f"  {row['host_s']:8.1f} host-s {row['results']:6d} results  {row['name']} ({row['action']})"
+            )
+        # the controller's memory: every worker is a fork of the main process, so the state kept per host
+        # makes each host-task dearer as hosts are added (docs/performance.md, "What grows with the hosts")
+        for r in sizes:
+            st = r.get("host_state") or {}
+            largest = list((st.get("top_per_host") or {}).items())[:6]
+            top = ", ".join(f"{k} {v / 1024:.1f}" for k, v in largest) or "-"
+            print(
+                f"controller at {r['hosts']} hosts: main process max RSS "
+                f"{r.get('main_maxrss_mib', 0):.0f} MiB; kept per host "
+                f"{st.get('bytes_per_host', 0) / 1024:.1f} KiB pickled (largest, KiB: {top})"
             )
     variants = results.get("variants", [])
     if variants:

@@ -28,6 +28,7 @@ DOCUMENTATION = r"""
 
 import json  # noqa: E402
 import os  # noqa: E402
+import pickle  # noqa: E402
 import resource  # noqa: E402
 import time  # noqa: E402
 
@@ -41,6 +42,45 @@ def _rusage():
         "self_s": s.ru_utime + s.ru_stime,
         "children_s": c.ru_utime + c.ru_stime,
         "maxrss_kib": s.ru_maxrss,
+    }
+
+
+def _host_state_bytes(variable_manager) -> dict:
+    """What the controller keeps per host by the end of the run, as pickled bytes per variable name.
+
+    Facts (``_fact_cache``) and registered results / set_facts (``_nonpersistent_fact_cache``) live in the
+    main process for the whole run; every worker is a fork of it, and a fork's cost (page tables, and the
+    copy-on-write faults of the child's garbage collector touching the heap) grows with that heap. So the
+    bytes kept per host are what makes each host-task dearer as hosts are added (docs/performance.md).
+    """
+    if variable_manager is None:
+        return {}
+    per_key: dict[str, int] = {}
+    hosts = 0
+    caches = []
+    try:
+        facts = variable_manager._fact_cache
+        caches.append(("facts", {h: facts.get(h) for h in list(facts.keys())}))
+    except Exception:  # noqa: BLE001 - a cache plugin that cannot list its keys: facts not counted
+        pass
+    caches.append(("vars", dict(variable_manager._nonpersistent_fact_cache)))
+    seen = set()
+    for kind, cache in caches:
+        for host, values in cache.items():
+            seen.add(host)
+            for key, value in (values or {}).items():
+                try:
+                    size = len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+                except Exception:  # noqa: BLE001 - an unpicklable value: its size unknown, not fatal
+                    continue
+                name = f"{kind}:{key}"
+                per_key[name] = per_key.get(name, 0) + size
+    hosts = len(seen)
+    top = sorted(per_key.items(), key=lambda kv: -kv[1])[:15]
+    return {
+        "hosts": hosts,
+        "bytes_per_host": round(sum(per_key.values()) / hosts) if hosts else 0,
+        "top_per_host": {k: round(v / hosts) for k, v in top} if hosts else {},
     }
 
 
@@ -161,10 +201,12 @@ class CallbackModule(CallbackBase):
         self._tasks = []
         self._plays = []
         self._task_starts = []
+        self._vm = None
 
     # ------------------------------------------------------------------------------ plays and tasks
     def v2_playbook_on_play_start(self, play):
         self._play = play.get_name()
+        self._vm = getattr(play, "_variable_manager", None)
         self._plays.append(
             {
                 "name": self._play,
@@ -243,6 +285,7 @@ class CallbackModule(CallbackBase):
             return
         end = {"t": time.time() - self._t0, **_rusage(), "api": _api_snapshot(self._api_dir)}
         end["main"] = _main_breakdown(end["self_s"])
+        end["host_state"] = _host_state_bytes(self._vm)
         hosts = sorted(stats.processed.keys())
         summary = {h: stats.summarize(h) for h in hosts}
         doc = {

@@ -484,3 +484,29 @@ def test_a_batch_longer_than_the_stall_limit_is_not_a_stall() -> None:
     cfg = roll.Config(nodes=60, domains=3, out_nodes=0, window_s=1200, serial="50%", max_unavailable="50%")
     r = roll.simulate(cfg)
     assert r["left"] == 0 and r["violations"] == 0 and r["batches"] >= 3
+
+
+def _bench_callback():
+    import importlib.util
+
+    path = Path(bench.__file__).parent / "callback_plugins" / "fleet_bench_account.py"
+    spec = importlib.util.spec_from_file_location("fleet_bench_account_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_state_bytes_names_the_largest_variables_per_host() -> None:
+    cb = _bench_callback()
+    packages = {f"pkg{i}": [{"name": f"pkg{i}", "version": "1.0-1"}] for i in range(300)}
+    vm = SimpleNamespace(
+        _fact_cache={"h1": {"packages": packages}, "h2": {"packages": packages, "os_family": "Debian"}},
+        _nonpersistent_fact_cache={"h1": {"small": 1}, "h3": {"small": 2}},
+    )
+    state = cb._host_state_bytes(vm)
+    assert state["hosts"] == 3
+    first = next(iter(state["top_per_host"]))
+    assert first == "facts:packages"  # the largest comes first
+    assert state["top_per_host"]["facts:packages"] > 100 * state["top_per_host"]["vars:small"]
+    assert state["bytes_per_host"] == pytest.approx(sum(state["top_per_host"].values()), abs=3)
+    assert cb._host_state_bytes(None) == {}
