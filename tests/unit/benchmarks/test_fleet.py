@@ -408,10 +408,10 @@ def test_the_simulated_roll_keeps_every_bound_with_a_planner_that_does() -> None
 
     cfg = roll.Config(nodes=100, domains=5, window_s=300, max_per_domain=100, canary=False, out_nodes=2)
     r = roll.simulate(cfg, FakePlanner())
-    assert r["left"] == 0 and r["rolled"] == 98                  # the operator's two cordons stay out of it
+    assert r["left"] == 0 and r["rolled"] == 98  # the operator's two cordons stay out of it
     assert r["violations"] == 0
     assert r["peak"]["gpus_out"] <= r["max_unavailable_gpus"] == 80
-    assert r["peak"]["budget_margin"] >= 0                       # evictions waited for their budgets
+    assert r["peak"]["budget_margin"] >= 0  # evictions waited for their budgets
     assert r["batches"] >= 10 and 0.5 < r["hours"] < 6
     assert roll.simulate(cfg, FakePlanner())["hours"] == r["hours"]  # deterministic for a seed
 
@@ -449,6 +449,7 @@ def test_the_simulated_admit_waits_like_k8s_rollout() -> None:
         def admit(view, bounds, fleet):
             polls.append(c.now)
             return go, {n.name: "budget" for n in view if n.name not in go}
+
         return SimpleNamespace(Node=real.Node, Fleet=real.Fleet, admit=admit, admit_soon=lambda *a: soon)
 
     members = ["gpu-0000", "gpu-0001"]
@@ -472,8 +473,8 @@ def test_the_simulated_roll_with_the_real_planner_keeps_every_bound() -> None:
     assert r["left"] == 0 and r["violations"] == 0
     assert r["peak"]["gpus_out"] <= r["max_unavailable_gpus"]
     assert r["peak"]["per_domain"] <= r["max_per_domain"]
-    assert r["passes"] >= 2 and r["site_runs"] == 1     # pass 1 left its last batches to pass 2
-    assert r["per_batch"][0]["nodes"] == 1               # the canary; pass 2 has none
+    assert r["passes"] >= 2 and r["site_runs"] == 1  # pass 1 left its last batches to pass 2
+    assert r["per_batch"][0]["nodes"] == 1  # the canary; pass 2 has none
     assert all(b["nodes"] > 1 for b in r["per_batch"] if b["pass"] == 2)
 
 
@@ -510,3 +511,30 @@ def test_host_state_bytes_names_the_largest_variables_per_host() -> None:
     assert state["top_per_host"]["facts:packages"] > 100 * state["top_per_host"]["vars:small"]
     assert state["bytes_per_host"] == pytest.approx(sum(state["top_per_host"].values()), abs=3)
     assert cb._host_state_bytes(None) == {}
+
+
+def test_growth_playbook_keeps_a_fact_only_when_asked() -> None:
+    from benchmarks.fleet import growth
+
+    plain = yaml.safe_load(growth.playbook(5, kept=False))[0]["tasks"]
+    kept = yaml.safe_load(growth.playbook(5, kept=True))[0]["tasks"]
+    assert len(plain) == 5 and all("ansible.builtin.debug" in t for t in plain)
+    assert len(kept) == 6 and "kept" in kept[0]["ansible.builtin.set_fact"]
+    assert (
+        growth.median_row(
+            [
+                {
+                    "hosts": 1,
+                    "kept": True,
+                    "host_tasks": 3,
+                    "work_ms": w,
+                    "fork_ms": 1.0,
+                    "workers_ms": 2.0,
+                    "rss_mib": 50.0,
+                    "kept_kib": 15.0,
+                }
+                for w in (3.0, 1.0, 2.0)
+            ]
+        )["work_ms"]
+        == 2.0
+    )
