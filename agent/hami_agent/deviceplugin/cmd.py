@@ -265,7 +265,7 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
             logger.error("cannot serve /metrics and /healthz on %s: %s", bind, exc)
             return 1
 
-    registrar_thread = None
+    registrar_thread = registrar = None
     if client is not None and not args.no_node_register:
         from hami_agent.deviceplugin.node_register import NodeRegistrar
 
@@ -287,6 +287,8 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         logger.info("received signal %d, shutting down", signum)
         stop.set()
         manager.stop()
+        if registrar is not None:
+            registrar.wake()  # its sleep looks at ``stop`` only every few seconds by itself
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -295,6 +297,8 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         rc = manager.run()
     finally:
         stop.set()
+        if registrar is not None:
+            registrar.wake()
         if registrar_thread is not None:
             registrar_thread.join(2.0)
         for inf in informers:
