@@ -28,9 +28,9 @@ from hami_agent import known_bad_drivers, log
 from hami_agent.deviceplugin.allocator import Allocator
 from hami_agent.deviceplugin.devices import PlanError, ResourcePlan, degrade, plan_resources
 from hami_agent.deviceplugin.health import HealthTracker
-from hami_agent.deviceplugin.kubelet_registration import RegistrationError, register_with_retry
 from hami_agent.deviceplugin.metrics import PluginMetrics
 from hami_agent.deviceplugin.podsource import PodSource
+from hami_agent.deviceplugin.registrar import Registrar
 from hami_agent.deviceplugin.server import DeviceState, PluginServer
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.fswatch import DirWatch
@@ -83,70 +83,6 @@ class _NoSnapshot:
     generation: int = 0
 
 
-class _Registrar:
-    """Registers one resource in the background; ``trigger()`` asks for a (re-)registration."""
-
-    def __init__(self, manager: DevicePluginManager, server: PluginServer) -> None:
-        self.m = manager
-        self.server = server
-        self.registered = threading.Event()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"register-{server.endpoint}", daemon=True)
-        self._thread.start()
-
-    def trigger(self) -> None:
-        self.registered.clear()
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def _run(self) -> None:
-        s = self.m.settings
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            if s.registration_mode == "plugin-watcher":
-                # the kubelet finds our registry socket itself; nothing to dial
-                self.registered.set()
-                continue
-            # a new trigger while retrying restarts the attempt (the kubelet changed under us)
-            retry_stop = _AnyEvent(self._stop, self._wake)
-            try:
-                ok = register_with_retry(s.kubelet_socket, self.server.resource, self.server.endpoint,
-                                         s.register_dial_timeout_s, stop=retry_stop,
-                                         max_backoff_s=max(0.5, min(5.0, s.poll_interval_s * 4)))
-            except RegistrationError as exc:
-                self.m.fatal(str(exc))
-                return
-            if ok and not self._wake.is_set():
-                self.registered.set()
-                self.m.metrics.registrations.labels(self.server.resource).inc()
-
-
-class _AnyEvent:
-    """Looks like a ``threading.Event`` that is set when any of the given events is set."""
-
-    def __init__(self, *events: threading.Event) -> None:
-        self.events = events
-
-    def is_set(self) -> bool:
-        return any(e.is_set() for e in self.events)
-
-    def wait(self, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while not self.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            self.events[0].wait(min(left, 0.05))
-        return True
-
-
 @dataclass
 class _StreamLosses:
     """Backoff for registering again after lost streams: 0 s, then 0.5 s doubling up to 30 s; a resource
@@ -185,7 +121,7 @@ class DevicePluginManager:
         self.source: Any = None
         self.states: dict[str, DeviceState] = {}
         self.servers: dict[str, PluginServer] = {}
-        self.registrars: dict[str, _Registrar] = {}
+        self.registrars: dict[str, Registrar] = {}
         self._raw: dict[str, ResourcePlan] = {}
         self._last_plan_error: str | None = None
         self._kubelet_ident: tuple[int, int] | None = None
@@ -376,7 +312,7 @@ class DevicePluginManager:
         if reg is None or reg.server is not server:
             if reg is not None:
                 reg.stop()
-            reg = self.registrars[name] = _Registrar(self, server)
+            reg = self.registrars[name] = Registrar(server, self.settings, self.metrics, self.fatal)
         reg.trigger()
 
     def _stop_server(self, name: str) -> None:
