@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-recovery-quiet", type=float, default=30.0,
                    help="seconds a device must stay healthy before it is advertised Healthy again")
     p.add_argument("--poll-interval", type=float, default=0.25,
-                   help="seconds between checks for kubelet restarts / deleted sockets / MIG lock")
+                   help="seconds between checks for kubelet restarts / deleted sockets / MIG lock where "
+                        "inotify is unavailable (with inotify, changes wake the plugin at once)")
     p.add_argument("--mig-apply-lock", default=None,
                    help="pause while this file exists and is trusted: it and its directory owned by root and "
                         "not group/other-writable (default: the config's migApplyLockPath, else "
