@@ -164,8 +164,14 @@ class DirWatch:
         assert self._libc is not None
         watched = {}
         for d in self.directories:
-            target = _nearest_existing(d)
-            watched[target] = self._libc.add_watch(self._fd, target)
+            for attempt in range(3):  # the directory may vanish between the look and the watch
+                target = _nearest_existing(d)
+                try:
+                    watched[target] = self._libc.add_watch(self._fd, target)
+                    break
+                except InotifyError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR) or attempt == 2:
+                        raise
         for path, wd in self.watched.items():
             if path not in watched and wd not in watched.values():
                 self._libc.rm_watch(self._fd, wd)  # an ancestor no longer needed: its traffic is not ours

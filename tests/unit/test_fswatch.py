@@ -130,3 +130,38 @@ def test_stop_ends_the_thread_and_closes_the_descriptor(tmp_path):
     w.stop()
     assert not w.active and w._fd == -1
     assert thread is not None and not thread.is_alive()
+
+
+def test_a_directory_that_vanishes_while_being_watched_is_tried_again(tmp_path, monkeypatch):
+    real_init = fswatch.inotify_init
+
+    class Flaky:
+        """The first add_watch finds the directory gone (removed between the look and the watch)."""
+
+        def __init__(self, libc) -> None:
+            self.libc = libc
+            self.failed = False
+
+        def add_watch(self, fd: int, path: str) -> int:
+            if not self.failed:
+                self.failed = True
+                raise InotifyError(2, f"inotify_add_watch {path}: No such file or directory")
+            return self.libc.add_watch(fd, path)
+
+        def rm_watch(self, fd: int, wd: int) -> None:
+            self.libc.rm_watch(fd, wd)
+
+    def flaky_init():
+        libc, fd = real_init()
+        return Flaky(libc), fd
+
+    monkeypatch.setattr(fswatch, "inotify_init", flaky_init)
+    calls = Calls()
+    w = DirWatch([str(tmp_path)], calls)
+    try:
+        assert w.start(), w.error
+        assert list(w.watched) == [str(tmp_path)]
+        (tmp_path / "kubelet.sock").write_text("")
+        assert calls.wait()
+    finally:
+        w.stop()
