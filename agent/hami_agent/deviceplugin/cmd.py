@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-recovery-quiet", type=float, default=30.0,
                    help="seconds a device must stay healthy before it is advertised Healthy again")
     p.add_argument("--poll-interval", type=float, default=0.25,
-                   help="seconds between checks for kubelet restarts / deleted sockets / MIG lock")
+                   help="seconds between checks for kubelet restarts / deleted sockets / MIG lock where "
+                        "inotify is unavailable (with inotify, changes wake the plugin at once)")
     p.add_argument("--mig-apply-lock", default=None,
                    help="pause while this file exists and is trusted: it and its directory owned by root and "
                         "not group/other-writable (default: the config's migApplyLockPath, else "
@@ -265,7 +266,7 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
             logger.error("cannot serve /metrics and /healthz on %s: %s", bind, exc)
             return 1
 
-    registrar_thread = None
+    registrar_thread = registrar = None
     if client is not None and not args.no_node_register:
         from hami_agent.deviceplugin.node_register import NodeRegistrar
 
@@ -287,6 +288,8 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         logger.info("received signal %d, shutting down", signum)
         stop.set()
         manager.stop()
+        if registrar is not None:
+            registrar.wake()  # its sleep looks at ``stop`` only every few seconds by itself
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -295,6 +298,8 @@ def _serve(args: argparse.Namespace, cfg: Any, settings: Any) -> int:
         rc = manager.run()
     finally:
         stop.set()
+        if registrar is not None:
+            registrar.wake()
         if registrar_thread is not None:
             registrar_thread.join(2.0)
         for inf in informers:

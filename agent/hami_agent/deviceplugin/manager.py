@@ -4,10 +4,13 @@ One loop thread does everything that changes state (so there are no races betwee
 restart and a MIG pause); registration runs in one thread per resource so a missing kubelet never
 stalls the loop.
 
-Re-registration is detected by polling ``stat()`` every ``poll_interval_s`` (default 250 ms) rather
-than inotify: it needs no extra dependency, works on every filesystem the kubelet dir may live on, and
-the cost (two ``stat`` calls per resource per tick) is negligible while the 2 s re-registration
-target is met with a wide margin.
+The loop sleeps until something needs it (issue 31: an idle node's CPU): inotify on the kubelet's
+device-plugin directory and the MIG lock's directory (``fswatch``; a re-created ``kubelet.sock``, a
+deleted socket of ours, the lock appearing), a new NVML snapshot, a lost ListAndWatch stream, a signal,
+and every ``HOUSEKEEPING_EVERY_S`` the self-check of our servers and the NVML gauges. Each wake re-checks
+the real state with ``stat()``, so an event only decides *when* to look. Where inotify is unavailable,
+and while something is time-based (a device's recovery quiet period, a failed server start, a stream
+loss waiting out its backoff), the loop ticks every ``poll_interval_s`` (250 ms) as before.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from hami_agent import known_bad_drivers, log
 from hami_agent.deviceplugin.allocator import Allocator
 from hami_agent.deviceplugin.devices import PlanError, ResourcePlan, degrade, plan_resources
 from hami_agent.deviceplugin.health import HealthTracker
-from hami_agent.deviceplugin.kubelet_registration import RegistrationError, register_with_retry
 from hami_agent.deviceplugin.metrics import PluginMetrics
 from hami_agent.deviceplugin.podsource import PodSource
+from hami_agent.deviceplugin.registrar import Registrar
 from hami_agent.deviceplugin.server import DeviceState, PluginServer
 from hami_agent.deviceplugin.settings import PluginSettings
+from hami_agent.fswatch import DirWatch
 from hami_agent.kubeletplugin import DeadlineRunner
 from hami_agent.miglock import MigApplyLock
 from hami_agent.nvml.source import first_snapshot, start_source, stop_source
@@ -40,6 +44,29 @@ CRASH_MESSAGE = "GRPC server has repeatedly crashed"
 # On an idle node the NVML gauges (status, snapshot age, each NVML function's last duration: ~25 label
 # lookups) are refreshed this often rather than on every socket-check tick (issue 31: most of the idle cost)
 NVML_METRICS_EVERY_S = 5.0
+# Our gRPC servers answer a GetDevicePluginOptions over their socket this often (a hung server restarts)
+SELF_CHECK_EVERY_S = 5.0
+
+
+class _Wakeup:
+    """An Event on a reentrant lock: ``set()`` is safe from a signal handler that interrupted ``wait()``
+    in the same thread (``threading.Event``'s plain lock could deadlock there)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.RLock())
+        self._flag = False
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            if not self._flag:
+                self._cond.wait(timeout)
+            flag, self._flag = self._flag, False
+            return flag
 
 
 @dataclass(frozen=True)
@@ -54,70 +81,6 @@ class _NoSnapshot:
     stuck_call: str | None = None
     taken_at: float = 0.0
     generation: int = 0
-
-
-class _Registrar:
-    """Registers one resource in the background; ``trigger()`` asks for a (re-)registration."""
-
-    def __init__(self, manager: DevicePluginManager, server: PluginServer) -> None:
-        self.m = manager
-        self.server = server
-        self.registered = threading.Event()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"register-{server.endpoint}", daemon=True)
-        self._thread.start()
-
-    def trigger(self) -> None:
-        self.registered.clear()
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def _run(self) -> None:
-        s = self.m.settings
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            if s.registration_mode == "plugin-watcher":
-                # the kubelet finds our registry socket itself; nothing to dial
-                self.registered.set()
-                continue
-            # a new trigger while retrying restarts the attempt (the kubelet changed under us)
-            retry_stop = _AnyEvent(self._stop, self._wake)
-            try:
-                ok = register_with_retry(s.kubelet_socket, self.server.resource, self.server.endpoint,
-                                         s.register_dial_timeout_s, stop=retry_stop,
-                                         max_backoff_s=max(0.5, min(5.0, s.poll_interval_s * 4)))
-            except RegistrationError as exc:
-                self.m.fatal(str(exc))
-                return
-            if ok and not self._wake.is_set():
-                self.registered.set()
-                self.m.metrics.registrations.labels(self.server.resource).inc()
-
-
-class _AnyEvent:
-    """Looks like a ``threading.Event`` that is set when any of the given events is set."""
-
-    def __init__(self, *events: threading.Event) -> None:
-        self.events = events
-
-    def is_set(self) -> bool:
-        return any(e.is_set() for e in self.events)
-
-    def wait(self, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while not self.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            self.events[0].wait(min(left, 0.05))
-        return True
 
 
 @dataclass
@@ -158,7 +121,7 @@ class DevicePluginManager:
         self.source: Any = None
         self.states: dict[str, DeviceState] = {}
         self.servers: dict[str, PluginServer] = {}
-        self.registrars: dict[str, _Registrar] = {}
+        self.registrars: dict[str, Registrar] = {}
         self._raw: dict[str, ResourcePlan] = {}
         self._last_plan_error: str | None = None
         self._kubelet_ident: tuple[int, int] | None = None
@@ -172,6 +135,8 @@ class DevicePluginManager:
         self._nvml_metrics_at = 0.0
         self._warn_once = log.WarnOnce(logger)
         self._stream_losses: dict[str, _StreamLosses] = {}
+        self._wakeup = _Wakeup()  # the pause loop's sleep; the main loop sleeps in the source
+        self._fswatch: DirWatch | None = None
         # shared with the node register loop (cmd.py): one file, one trust rule
         self.mig_lock = MigApplyLock(settings.mig_apply_lock, settings.mig_apply_lock_permissive,
                                      component="device plugin")
@@ -186,6 +151,7 @@ class DevicePluginManager:
 
     def stop(self) -> None:
         self._stop.set()
+        self.wake()
 
     def toggle_pause(self) -> None:
         """SIGUSR1: pause (stop serving, release NVML) or resume."""
@@ -193,10 +159,45 @@ class DevicePluginManager:
             self._pause_requested.clear()
         else:
             self._pause_requested.set()
+        self.wake()
 
     def fatal(self, message: str) -> None:
         self._fatal = message
         self._stop.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """Run the loop now: something it checks may have changed (any thread, or a signal handler)."""
+        self._wakeup.set()
+        wake = getattr(self.source, "wake", None)
+        if wake is not None:
+            wake()
+
+    def _event_driven(self) -> bool:
+        """True while every change the loop must see wakes it (else it ticks every poll_interval_s)."""
+        return (self._fswatch is not None and self._fswatch.active
+                and callable(getattr(self.source, "wake", None)))
+
+    def _wait_s(self) -> float:
+        """How long the loop may sleep before it must look again by itself."""
+        s = self.settings
+        if not self._event_driven() or self.health.pending_recoveries() or self._busy():
+            return s.poll_interval_s
+        now = time.monotonic()
+        due = min(self._last_self_check + SELF_CHECK_EVERY_S, self._nvml_metrics_at + NVML_METRICS_EVERY_S)
+        return min(SELF_CHECK_EVERY_S, max(0.01, due - now))
+
+    def _busy(self) -> bool:
+        """Time-based work pending: a server whose start failed, a lost stream waiting out its backoff."""
+        return (any(name not in self.servers for name in self._raw)
+                or any(server.stream_lost.is_set() for server in self.servers.values()))
+
+    def _watch_dirs(self) -> list[str]:
+        s = self.settings
+        dirs = [s.device_plugin_dir, os.path.dirname(s.kubelet_socket)]
+        if s.mig_apply_lock:
+            dirs.append(os.path.dirname(os.path.abspath(s.mig_apply_lock)))
+        return dirs
 
     def wait_registered(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
@@ -299,7 +300,8 @@ class DevicePluginManager:
                        f"{self.settings.restart_window_s:g}s); last: {exc}")
 
     def _start_server(self, name: str) -> None:
-        server = PluginServer(self.states[name], self.allocator, self.settings, self.metrics, self.runner)
+        server = PluginServer(self.states[name], self.allocator, self.settings, self.metrics, self.runner,
+                              on_stream_lost=self.wake)
         try:
             server.start()
         except Exception as exc:
@@ -310,7 +312,7 @@ class DevicePluginManager:
         if reg is None or reg.server is not server:
             if reg is not None:
                 reg.stop()
-            reg = self.registrars[name] = _Registrar(self, server)
+            reg = self.registrars[name] = Registrar(server, self.settings, self.metrics, self.fatal)
         reg.trigger()
 
     def _stop_server(self, name: str) -> None:
@@ -362,7 +364,7 @@ class DevicePluginManager:
                             "re-registering", server.path, name)
                 self._restart_server(name, "socket-deleted")
         now = time.monotonic()
-        if now - self._last_self_check >= 5.0:
+        if now - self._last_self_check >= SELF_CHECK_EVERY_S:
             self._last_self_check = now
             for name, server in list(self.servers.items()):
                 problem = server.self_check(timeout=1.0)
@@ -419,7 +421,9 @@ class DevicePluginManager:
             self._stop_server(name)
         self._stop_source()
         while self._should_pause() and not self._stop.is_set():
-            self._stop.wait(self.settings.poll_interval_s)
+            # the lock's removal and SIGUSR1 wake this; without inotify it is polled
+            watched = self._fswatch is not None and self._fswatch.active
+            self._wakeup.wait(SELF_CHECK_EVERY_S if watched else self.settings.poll_interval_s)
         self.paused = False
         self.metrics.paused.set(0)
         if self._stop.is_set():
@@ -432,6 +436,9 @@ class DevicePluginManager:
     # ------------------------------------------------------------------------------ main loop
     def run(self) -> int:
         try:
+            # before the first look at the sockets and the lock, so no change between the two is missed
+            self._fswatch = DirWatch(self._watch_dirs(), self.wake, name="deviceplugin-fswatch")
+            self._fswatch.start()
             self._kubelet_ident = self._kubelet_socket_ident()
             gen = -1
             if not self._should_pause():  # a MIG reconfiguration in progress: do not even touch NVML
@@ -444,10 +451,10 @@ class DevicePluginManager:
                     self._pause()
                     gen = -1
                     continue
-                snap = self.source.wait_for_change(gen, self.settings.poll_interval_s)
+                snap = self.source.wait_for_change(gen, self._wait_s())
                 changed = getattr(snap, "generation", 0) != gen
                 gen = getattr(snap, "generation", 0)
-                # Idle ticks cost only the socket checks: the plan is rebuilt when NVML's inventory changed
+                # A wake costs only the socket checks: the plan is rebuilt when NVML's inventory changed
                 # (a new generation) or while a device waits out its recovery quiet period (time-based).
                 if changed or self.health.pending_recoveries():
                     self._apply_snapshot(snap)
@@ -467,6 +474,8 @@ class DevicePluginManager:
         return 0
 
     def shutdown(self) -> None:
+        if self._fswatch is not None:
+            self._fswatch.stop()
         for name in list(self.servers):
             self._stop_server(name)
         for reg in list(self.registrars.values()):

@@ -57,6 +57,8 @@ RESULT_UNCHANGED = "unchanged"
 RESULT_PAUSED = "paused"  # MIG apply lock present
 RESULT_WAITING = "waiting"  # no usable NVML inventory yet
 RESULT_ERROR = "error"
+# how often the loop's sleep looks at its stop event by itself (a stopper also calls wake())
+STOP_CHECK_S = 5.0
 
 # MIG GPUs have 7 compute slices and 8 memory slices (A100, A30 has 4/4 but is rare here, H100, H20...).
 _FULL_COMPUTE_SLICES = 7
@@ -376,11 +378,13 @@ class NodeRegistrar:
         log.v(logger, 4, "WatchAndRegister stopped")
 
     def _wait(self, stop_event: threading.Event, seconds: float) -> None:
-        """Sleep until the next check, a ``wake()`` (node changed) or ``stop_event``."""
+        """Sleep until the next check, a ``wake()`` (node changed) or ``stop_event``. ``stop_event`` is
+        looked at every STOP_CHECK_S; whoever sets it calls ``wake()`` for a prompt exit (issue 31: a
+        0.5 s look cost an idle node 2 wakeups a second)."""
         end = time.monotonic() + seconds
         while not stop_event.is_set():
             left = end - time.monotonic()
-            if left <= 0 or self._wake.wait(min(left, 0.5)):
+            if left <= 0 or self._wake.wait(min(left, STOP_CHECK_S)):
                 break
         self._wake.clear()
 

@@ -33,6 +33,10 @@ from hami_agent.kubeletplugin import DeadlineRunner, RegistrationServicer, Socke
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# A ListAndWatch stream sleeps this long at most between looks at its plan, its cancel and the server's stop;
+# each of those wakes it at once, so this is a safety net, not a reaction time.
+STREAM_WAIT_S = 5.0
+
 # Constant on purpose: the kubelet calls this synchronously inside our own Register call.
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
@@ -62,9 +66,11 @@ class DeviceState:
         with self._cond:
             return self._plan, self._version
 
-    def wait_newer(self, version: int, timeout: float) -> None:
+    def wait_newer(self, version: int, timeout: float, done: Callable[[], bool] = lambda: False) -> None:
+        """Sleep until a newer plan, a ``wake()`` or ``timeout``. ``done`` is checked under the lock, so a
+        ``wake()`` that follows its change (a stream's cancel, the server's stop) is never missed."""
         with self._cond:
-            if self._version == version:
+            if self._version == version and not done():
                 self._cond.wait(timeout)
 
     def wake(self) -> None:
@@ -92,7 +98,8 @@ def to_pb_container_response(r: ContainerResponse) -> Any:
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, state: DeviceState, allocator: Allocator, settings: PluginSettings,
                  metrics: PluginMetrics, runner: DeadlineRunner, *, stopping: threading.Event,
-                 stream_lost: threading.Event | None = None) -> None:
+                 stream_lost: threading.Event | None = None,
+                 on_stream_lost: Callable[[], None] | None = None) -> None:
         self.state = state
         self.allocator = allocator
         self.settings = settings
@@ -100,6 +107,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.runner = runner
         self.stopping = stopping
         self.stream_lost = stream_lost
+        self.on_stream_lost = on_stream_lost
 
     @property
     def resource(self) -> str:
@@ -125,7 +133,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         # stream that ends while this server still serves -- the kubelet dropped it, or disconnected this
         # registration because an older stream of ours ended late (kubernetes #121994) -- is reported to
         # the manager through ``stream_lost``, which registers again.
-        context.add_callback(self.state.wake)  # notice the kubelet's cancel at once, not at the next tick
+        cancelled = threading.Event()
+
+        def on_done() -> None:  # notice the kubelet's cancel at once, not at the next timeout
+            cancelled.set()
+            self.state.wake()
+
+        def done() -> bool:
+            return cancelled.is_set() or self.stopping.is_set()
+
+        context.add_callback(on_done)
         version = -1
         try:
             while not self.stopping.is_set() and context.is_active():
@@ -137,10 +154,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                           len(plan.devices), healthy)
                     devices = to_pb_devices(plan, self.settings.enable_numa_topology)
                     yield api_pb2.ListAndWatchResponse(devices=devices)
-                self.state.wait_newer(version, timeout=0.5)
+                # a safety net only: every reason to look again wakes the wait (issue 31: was 0.5 s)
+                self.state.wait_newer(version, timeout=STREAM_WAIT_S, done=done)
         finally:
             if not self.stopping.is_set() and self.stream_lost is not None:
                 self.stream_lost.set()
+                if self.on_stream_lost is not None:
+                    self.on_stream_lost()
 
     def GetPreferredAllocation(self, request, context):  # noqa: N802
         reqs = [PreferredRequest(tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs),
@@ -184,8 +204,11 @@ class PluginServer:
     registration socket in ``plugins_registry/``): ``kubeletplugin.SocketServer`` each."""
 
     def __init__(self, state: DeviceState, allocator: Allocator, settings: PluginSettings,
-                 metrics: PluginMetrics, runner: DeadlineRunner) -> None:
+                 metrics: PluginMetrics, runner: DeadlineRunner,
+                 on_stream_lost: Callable[[], None] | None = None) -> None:
+        """``on_stream_lost``: called (from the stream's thread) after ``stream_lost`` is set."""
         self.state = state
+        self.on_stream_lost = on_stream_lost
         self.allocator = allocator
         self.settings = settings
         self.metrics = metrics
@@ -212,7 +235,8 @@ class PluginServer:
     def _add_plugin(self, server: grpc.Server) -> None:
         api_pb2_grpc.add_DevicePluginServicer_to_server(
             DevicePluginServicer(self.state, self.allocator, self.settings, self.metrics, self.runner,
-                                 stopping=self._stopping, stream_lost=self.stream_lost), server)
+                                 stopping=self._stopping, stream_lost=self.stream_lost,
+                                 on_stream_lost=self.on_stream_lost), server)
 
     def _add_registration(self, server: grpc.Server) -> None:
         def on_status(ok: bool, error: str) -> None:

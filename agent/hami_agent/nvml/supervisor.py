@@ -91,6 +91,7 @@ class NvmlSupervisor:
         self._xid_marks: dict[str, str] = {}
         self._mem_warned: set[int] = set()
         self._durations: dict[str, float] = {}
+        self._woken = False
 
     # ------------------------------------------------------------------ public API
     def start(self) -> None:
@@ -119,14 +120,25 @@ class NvmlSupervisor:
             return self._snap
 
     def wait_for_change(self, generation: int, timeout: float) -> Snapshot:
+        """The snapshot once its generation differs from ``generation``, ``timeout`` passed, or ``wake()``
+        was called (since the last return)."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._cond:
-            while self._snap.generation == generation and not self._stop.is_set():
+            while self._snap.generation == generation and not self._stop.is_set() and not self._woken:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
+            self._woken = False
             return self._snap
+
+    def wake(self) -> None:
+        """Ends the current (or the next) ``wait_for_change()`` at once: its caller has other work, e.g. a
+        socket changed (issue 31: the device plugin's loop sleeps here instead of ticking). Safe from a
+        signal handler: ``_cond`` is reentrant."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
 
     def call_durations(self) -> dict[str, float]:
         """Last observed duration (s) per NVML function."""

@@ -59,6 +59,7 @@ class FakeSource:
     def __init__(self, snapshot: FakeSnapshot) -> None:
         self._cond = threading.Condition()
         self._snap = snapshot
+        self._woken = False
         self.started = 0
         self.stopped = 0
 
@@ -82,9 +83,15 @@ class FakeSource:
 
     def wait_for_change(self, generation: int, timeout: float) -> FakeSnapshot:
         with self._cond:
-            if self._snap.generation == generation:
+            if self._snap.generation == generation and not self._woken:
                 self._cond.wait(timeout)
+            self._woken = False
             return self._snap
+
+    def wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
 
 
 def gpu_uuid(i: int) -> str:

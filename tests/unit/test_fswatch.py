@@ -1,0 +1,167 @@
+"""The inotify directory watch that wakes the device plugin's loop (issue 31 item 2)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from hami_agent import fswatch
+from hami_agent.fswatch import DirWatch, InotifyError
+
+BOUND_S = 5.0  # a generous timeout for a wakeup that takes microseconds (loaded CI machines)
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.n = 0
+
+    def __call__(self) -> None:
+        self.n += 1
+        self.event.set()
+
+    def wait(self) -> bool:
+        ok = self.event.wait(BOUND_S)
+        self.event.clear()
+        return ok
+
+
+def bind_socket(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.listen(1)
+    return s
+
+
+@pytest.fixture
+def watch_of():
+    made: list[DirWatch] = []
+
+    def make(*dirs: str) -> tuple[DirWatch, Calls]:
+        calls = Calls()
+        w = DirWatch(dirs, calls)
+        made.append(w)
+        assert w.start(), w.error
+        return w, calls
+
+    yield make
+    for w in made:
+        w.stop()
+
+
+def test_socket_created_deleted_and_recreated_each_wake_the_caller(tmp_path, watch_of):
+    w, calls = watch_of(str(tmp_path))
+    assert w.active and list(w.watched) == [str(tmp_path)]
+    path = str(tmp_path / "kubelet.sock")
+    s = bind_socket(path)
+    assert calls.wait(), "no wakeup for the socket's creation"
+    s.close()
+    os.unlink(path)
+    assert calls.wait(), "no wakeup for the socket's deletion"
+    s = bind_socket(path)
+    assert calls.wait(), "no wakeup for the socket's re-creation"
+    s.close()
+
+
+def test_an_idle_watch_calls_nothing(tmp_path, watch_of):
+    _w, calls = watch_of(str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    assert calls.wait()
+    assert not calls.event.wait(0.3)  # nothing changed since: no spurious call
+
+
+def test_a_missing_directory_is_covered_by_its_ancestor_until_it_exists(tmp_path, watch_of):
+    lock_dir = tmp_path / "run" / "hami"
+    w, calls = watch_of(str(lock_dir))
+    assert list(w.watched) == [str(tmp_path)]
+    (tmp_path / "run").mkdir()
+    assert calls.wait()
+    assert list(w.watched) == [str(tmp_path / "run")]
+    lock_dir.mkdir()
+    assert calls.wait()
+    assert list(w.watched) == [str(lock_dir)]  # the ancestors' watches are dropped
+    (lock_dir / "mig-apply.lock").write_text("")
+    assert calls.wait(), "no wakeup for the lock file inside the new directory"
+
+
+def test_a_removed_directory_falls_back_to_its_parent_and_is_watched_again(tmp_path, watch_of):
+    d = tmp_path / "device-plugins"
+    d.mkdir()
+    w, calls = watch_of(str(d))
+    d.rmdir()
+    assert calls.wait()
+    assert list(w.watched) == [str(tmp_path)]
+    d.mkdir()
+    assert calls.wait()
+    assert list(w.watched) == [str(d)]
+    (d / "kubelet.sock").write_text("")
+    assert calls.wait()
+
+
+def test_mode_change_wakes_the_caller(tmp_path, watch_of):
+    lock = tmp_path / "mig-apply.lock"
+    lock.write_text("")
+    _w, calls = watch_of(str(tmp_path))
+    os.chmod(lock, 0o666)  # the lock's trust rule looks at the mode
+    assert calls.wait()
+
+
+def test_inotify_unavailable_leaves_the_watch_inactive_for_the_caller_to_poll(tmp_path, monkeypatch, caplog):
+    def no_inotify():
+        raise InotifyError(24, "inotify_init1: Too many open files")
+
+    monkeypatch.setattr(fswatch, "inotify_init", no_inotify)
+    calls = Calls()
+    w = DirWatch([str(tmp_path)], calls)
+    assert w.start() is False
+    assert not w.active and "Too many open files" in w.error
+    assert "polling instead" in caplog.text
+    w.stop()  # safe on a watch that never started
+
+
+def test_stop_ends_the_thread_and_closes_the_descriptor(tmp_path):
+    calls = Calls()
+    w = DirWatch([str(tmp_path)], calls)
+    assert w.start()
+    thread = w._thread
+    w.stop()
+    assert not w.active and w._fd == -1
+    assert thread is not None and not thread.is_alive()
+
+
+def test_a_directory_that_vanishes_while_being_watched_is_tried_again(tmp_path, monkeypatch):
+    real_init = fswatch.inotify_init
+
+    class Flaky:
+        """The first add_watch finds the directory gone (removed between the look and the watch)."""
+
+        def __init__(self, libc) -> None:
+            self.libc = libc
+            self.failed = False
+
+        def add_watch(self, fd: int, path: str) -> int:
+            if not self.failed:
+                self.failed = True
+                raise InotifyError(2, f"inotify_add_watch {path}: No such file or directory")
+            return self.libc.add_watch(fd, path)
+
+        def rm_watch(self, fd: int, wd: int) -> None:
+            self.libc.rm_watch(fd, wd)
+
+    def flaky_init():
+        libc, fd = real_init()
+        return Flaky(libc), fd
+
+    monkeypatch.setattr(fswatch, "inotify_init", flaky_init)
+    calls = Calls()
+    w = DirWatch([str(tmp_path)], calls)
+    try:
+        assert w.start(), w.error
+        assert list(w.watched) == [str(tmp_path)]
+        (tmp_path / "kubelet.sock").write_text("")
+        assert calls.wait()
+    finally:
+        w.stop()
