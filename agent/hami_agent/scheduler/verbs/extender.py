@@ -273,6 +273,10 @@ class Extender:
                         self.requeue.freed(node)
                 return self._decide(fa, pod, preq, ctx, confirmed=True, behind=behind)
         if dec.node is None and self.preemption is not None and not simulate and self.client is not None:
+            if not confirmed and self.preemption.victims_gone(uid):
+                # the informer removed the pod's last victim after the decision above: decide once more,
+                # or ``refused`` would judge the hold taken and preempt a second time
+                return self._decide(fa, pod, preq, ctx, confirmed=True, behind=behind)
             dec.failed = self.preemption.refused(pod, uid, fa.names, preq, ctx, rec, dec.failed)
         if dec.node is None:
             self._count("filter", "unschedulable")

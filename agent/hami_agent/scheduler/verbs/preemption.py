@@ -128,6 +128,16 @@ class Preemption:
         # PodDisruptionBudgets for the dry run (state/sync.py ``pdb_violations``); None: none counted
         self.pdbs: Callable[[], pre.Pdb] | None = None
 
+    def victims_gone(self, uid: str) -> bool:
+        """The pod has a hold and none of its victims is counted any more. A /filter decision made a moment
+        earlier may still have counted one (the informer's delete landed in between): the caller decides
+        again before ``refused`` takes "victims gone, still no fit" to mean someone took the room."""
+        own = self.holds.get(uid)
+        if own is None:
+            return False
+        with self.cache.lock:
+            return not any(v in self.cache.pods for v in own.victims)
+
     def refused(self, pod: dict, uid: str, names: list[str], preq: PodRequest, ctx: PodContext, rec: dict,
                 failed: dict[str, str]) -> dict[str, str]:
         """/filter found no node for the pod: the ``FailedNodes`` to answer, after preempting when GPU
