@@ -27,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--history", type=int, default=200_000)
     p.add_argument("--bookmark-interval", type=float, default=5.0)
     p.add_argument("--port", type=int, default=0, help="listen on 127.0.0.1:PORT (default: any free port)")
+    p.add_argument("--graceful-deletion", type=int, default=0,
+                   help="1: a deleted bound pod terminates until its kubelet confirms (apiserver_policy.py)")
     args = p.parse_args(argv)
     from tests.sim.apiserver import ApiServer
 
     out = Path(args.dir)
     api = ApiServer(port=args.port, history_limit=args.history,
                     bookmark_interval_s=args.bookmark_interval).start()
+    api.policy.graceful_deletion = bool(args.graceful_deletion)
     stop = threading.Event()
     dump = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

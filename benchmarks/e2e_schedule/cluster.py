@@ -8,7 +8,9 @@ Kubernetes client. Simulated: the API server (``tests/sim/apiserver.py``), kube-
 (``tests/sim/kube_scheduler.py``, faithful queue, concurrent binding cycles), one kubelet device manager
 per node (``tests/sim/kubelet``: serial admission), and the part of each kubelet that watches pods bound to
 its node and writes ``Running`` (one shared watch for all nodes here: fewer watches on the simulated API
-server than a real cluster has). The NVML inventory is a fixed snapshot (NVML is not on this path).
+server than a real cluster has) and, for a pod deleted gracefully (``graceful_deletion=True``), stops it
+after its whole grace period and confirms the deletion. The NVML inventory is a fixed snapshot (NVML is
+not on this path).
 
 ``extender=False`` is the baseline: kube-scheduler alone, placing pods on the count of ``nvidia.com/gpu``,
 and a plain device plugin that hands out whatever device IDs the kubelet picked (as NVIDIA's plugin does).
@@ -39,6 +41,7 @@ from hami_agent.deviceplugin.node_register import NodeRegistrar
 from hami_agent.deviceplugin.podsource import K8sPodSource
 from hami_agent.deviceplugin.settings import PluginSettings
 from hami_agent.k8s.client import KubeClient
+from hami_agent.k8s.errors import NotFoundError
 from hami_agent.k8s.informer import Informer
 from hami_agent.protocol import keys
 from hami_agent.scheduler.serve.app import SchedulerApp
@@ -131,6 +134,7 @@ class NodeHost:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self.rejected: dict[str, str] = {}
+        self._stopping: dict[str, threading.Timer] = {}  # uid -> the end of its grace period
 
     def start(self) -> NodeHost:
         for name in self.names:
@@ -184,6 +188,9 @@ class NodeHost:
     def _on_pod(self, pod: dict) -> None:
         md = pod.get("metadata") or {}
         node = (pod.get("spec") or {}).get("nodeName")
+        if md.get("deletionTimestamp") and node in self.nodes:
+            self._stop_pod(pod)
+            return
         if (pod.get("status") or {}).get("phase", "Pending") != "Pending" or node not in self.nodes:
             return
         uid = md.get("uid")
@@ -207,6 +214,37 @@ class NodeHost:
             with self._lock:
                 self.rejected.setdefault(f"{md.get('namespace')}/{md['name']}", f"status write failed: {exc}")
 
+    def _stop_pod(self, pod: dict) -> None:
+        """A graceful deletion seen: the kubelet kills the containers within ``deletionGracePeriodSeconds``.
+        Simulated as containers that ignore SIGTERM (never kinder than a real kubelet): they run the whole
+        grace period from the moment this kubelet sees the deletion; then the devices are freed and the
+        deletion is confirmed with grace period 0 and a UID precondition, as the kubelet's status manager
+        does (kubernetes ``pkg/kubelet/status/status_manager.go``, ``syncPod``)."""
+        md = pod["metadata"]
+        uid = md.get("uid", "")
+        with self._lock:
+            if uid in self._stopping:
+                return
+            grace = max(0, int(md.get("deletionGracePeriodSeconds") or 0))
+            timer = threading.Timer(grace, self._stopped, args=(pod,))
+            timer.daemon = True
+            self._stopping[uid] = timer
+        timer.start()
+
+    def _stopped(self, pod: dict) -> None:
+        md = pod["metadata"]
+        node = self.nodes.get(pod["spec"]["nodeName"])
+        if node is not None:
+            node.kubelet.release(md.get("uid", ""))
+        try:
+            self.client.delete("pods", md["name"], md.get("namespace", "default"), uid=md.get("uid"),
+                               grace_period_s=0)
+        except NotFoundError:
+            pass  # already gone
+        except Exception as exc:  # noqa: BLE001 - recorded; a pod that never goes shows in the figures
+            with self._lock:
+                self.rejected.setdefault(f"{md.get('namespace')}/{md['name']}", f"delete failed: {exc}")
+
     def _on_pod_gone(self, pod: dict) -> None:
         node = self.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
         if node is not None:
@@ -215,6 +253,10 @@ class NodeHost:
     def stop(self) -> None:
         if self._pods is not None:
             self._pods.stop()
+        with self._lock:
+            timers = list(self._stopping.values())
+        for timer in timers:
+            timer.cancel()
         for node in self.nodes.values():
             if node.manager is not None:
                 node.manager.stop()
@@ -257,8 +299,11 @@ def host_main(argv: list[str] | None = None) -> int:
 class SimCluster:
     def __init__(self, n_nodes: int, *, gpus: int = 8, split: int = 10, extender: bool = True,
                  config: SchedulerConfig | None = None, queue_kw: dict | None = None,
-                 hosts: int = 0) -> None:
-        """``hosts``: node-host processes (0: the nodes run in this process)."""
+                 hosts: int = 0, extender_args: list[str] | None = None,
+                 graceful_deletion: bool = False) -> None:
+        """``hosts``: node-host processes (0: the nodes run in this process). ``extender_args``: more flags
+        for ``hami-agent scheduler``. ``graceful_deletion``: a deleted bound pod terminates until its
+        simulated kubelet confirms (``NodeHost._stop_pod``), as in a real cluster."""
         self.n_nodes = n_nodes
         self.gpus = gpus
         self.split = split
@@ -266,6 +311,8 @@ class SimCluster:
         self.config = config or SchedulerConfig(event_nodes=5)
         self.queue_kw = queue_kw or {}
         self.hosts = hosts
+        self.extender_args = list(extender_args or [])
+        self.graceful_deletion = graceful_deletion
         self.tmp = tempfile.mkdtemp(prefix="hami-e2e-", dir="/tmp")
         self.api: ApiServerProcess | None = None
         self.host: NodeHost | None = None
@@ -284,10 +331,13 @@ class SimCluster:
         self.lock_released: dict[str, float] = {}  # lock value -> gone
         self.pod_times: dict[str, dict[str, float]] = {}  # "ns/name" -> stage -> time first seen
         self.created_at: dict[str, float] = {}  # "ns/name" -> when its create returned
+        self.terminating_at: dict[str, float] = {}  # "ns/name" -> deletionTimestamp first seen
+        self.gone_at: dict[str, float] = {}  # "ns/name" -> its delete event seen
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self, *, hold_scheduler: bool = False) -> SimCluster:
-        self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"))
+        self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"),
+                                    graceful_deletion=int(self.graceful_deletion))
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=10, component="bench")
         names = [f"node-{i:03d}" for i in range(self.n_nodes)]
         alloc = str(self.gpus * self.split)
@@ -300,7 +350,8 @@ class SimCluster:
         self._start_nodes(names)
         # the benchmark's observers: pod stages and node lock holds
         self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0)
-        self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p))
+        self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p),
+                               on_delete=self._on_pod_deleted)
         self._locks = Informer(self.client, "nodes", resync_s=0)
         self._locks.add_handler(on_add=self._on_node, on_update=self._on_node_update)
         self._pods.start()
@@ -375,7 +426,8 @@ class SimCluster:
         self.extender_proc = subprocess.Popen(
             [sys.executable, "-m", "hami_agent", "scheduler", "--kubeconfig", self.api.kubeconfig_path,
              "--bind-address", f"127.0.0.1:{port}", "--metrics-bind", "",
-             "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s"]
+             "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s",
+             *self.extender_args]
             + ([] if self.config.avoid_busy_nodes else ["--strict-node-order"])
             + ([] if self.config.write_behind else ["--sync-filter-write"]),
             stdout=log, stderr=subprocess.STDOUT)
@@ -421,6 +473,9 @@ class SimCluster:
         key = f"{md.get('namespace')}/{md.get('name')}"
         phase = (pod.get("status") or {}).get("phase", "Pending")
         self._stage(key, "bound")
+        if md.get("deletionTimestamp"):
+            with self._lock:
+                self.terminating_at.setdefault(key, time.monotonic())
         if ((md.get("annotations") or {}).get(keys.BIND_PHASE)) == keys.BIND_PHASE_SUCCESS:
             self._stage(key, "allocated")
         if phase == "Running":
@@ -429,6 +484,11 @@ class SimCluster:
         elif phase == "Failed":
             with self._lock:
                 self.failed.setdefault(key, (pod.get("status") or {}).get("message") or "Failed")
+
+    def _on_pod_deleted(self, pod: dict) -> None:
+        md = pod.get("metadata") or {}
+        with self._lock:
+            self.gone_at.setdefault(f"{md.get('namespace')}/{md.get('name')}", time.monotonic())
 
     def _on_node(self, node: dict) -> None:
         lock = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_LOCK)
@@ -452,11 +512,14 @@ class SimCluster:
 
     # ---------------------------------------------------------------------------------- workload
     def create_pods(self, prefix: str, n: int, *, gpus: int = 1, mem: int | None = 4096,
-                    cores: int | None = 10, in_flight: int = CREATE_IN_FLIGHT) -> list[str]:
+                    cores: int | None = 10, in_flight: int = CREATE_IN_FLIGHT, priority: int | None = None,
+                    grace_s: int | None = None) -> list[str]:
         """Create ``n`` pods as a workload controller does: concurrently, at most ``in_flight`` requests at
         a time (the Job and ReplicaSet controllers create a batch of pods in parallel, ``slowStartBatch``
         in kubernetes ``pkg/controller/replicaset/replica_set.go``). Records each pod's create time in
-        ``created_at``. Returns the pods' keys in name order."""
+        ``created_at``. Returns the pods' keys in name order. ``priority``: ``spec.priority`` as the
+        Priority admission plugin resolves it from a PriorityClass; ``grace_s``:
+        ``terminationGracePeriodSeconds``."""
         limits = {GPU: str(gpus)}
         if self.extender:
             if mem is not None:
@@ -470,8 +533,12 @@ class SimCluster:
             name = f"{prefix}-{i:04d}"
             container = {"name": "main", "image": "cuda", "resources": {"limits": dict(limits)}}
             meta = {"name": name, "namespace": "default", "labels": {"job": prefix}}
-            client.create("pods", {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                                   "spec": {"schedulerName": "hami-scheduler", "containers": [container]}})
+            spec: dict[str, Any] = {"schedulerName": "hami-scheduler", "containers": [container]}
+            if priority is not None:
+                spec["priority"] = priority
+            if grace_s is not None:
+                spec["terminationGracePeriodSeconds"] = grace_s
+            client.create("pods", {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
             with self._lock:
                 self.created_at[f"default/{name}"] = time.monotonic()
             return f"default/{name}"

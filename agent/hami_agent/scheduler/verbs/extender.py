@@ -263,14 +263,14 @@ class Extender:
                 self.holds.reserved(uid, dec.node)  # its own hold ends: the assumption counts the devices now
             elif not simulate:
                 self.cache.restore(uid, prev)
-        if dec.node is None and not simulate and not confirmed and self.gone_check is not None:
-            # the cache may be behind the API (kube-scheduler saw a pod go and retried at once): the few
-            # pods in the way are read back, and the decision made again if one of them is gone
-            freed = self.gone_check.release(fa.names, preq, ctx, uid)
-            if freed:
-                if self.requeue is not None:
-                    for node in freed:  # other parked pods may want what freed, as on the informer's path
-                        self.requeue.freed(node)
+        if dec.node is None and not simulate and not confirmed:
+            # the cache may be behind the API (kube-scheduler saw a pod go and retried at once): the few pods
+            # in the way are read back; or the informer removed a preemptor's last victim since the decision
+            # (``refused`` would take the hold for taken and preempt again). Either way: decide once more.
+            freed = self.gone_check.release(fa.names, preq, ctx, uid) if self.gone_check is not None else []
+            for node in freed if self.requeue is not None else ():  # parked pods may want what freed
+                self.requeue.freed(node)
+            if freed or (self.preemption is not None and self.preemption.victims_gone(uid)):
                 return self._decide(fa, pod, preq, ctx, confirmed=True, behind=behind)
         if dec.node is None and self.preemption is not None and not simulate and self.client is not None:
             dec.failed = self.preemption.refused(pod, uid, fa.names, preq, ctx, rec, dec.failed)

@@ -128,6 +128,16 @@ class Preemption:
         # PodDisruptionBudgets for the dry run (state/sync.py ``pdb_violations``); None: none counted
         self.pdbs: Callable[[], pre.Pdb] | None = None
 
+    def victims_gone(self, uid: str) -> bool:
+        """The pod has a hold and none of its victims is counted any more. A /filter decision made a moment
+        earlier may still have counted one (the informer's delete landed in between): the caller decides
+        again before ``refused`` takes "victims gone, still no fit" to mean someone took the room."""
+        own = self.holds.get(uid)
+        if own is None:
+            return False
+        with self.cache.lock:
+            return not any(v in self.cache.pods for v in own.victims)
+
     def refused(self, pod: dict, uid: str, names: list[str], preq: PodRequest, ctx: PodContext, rec: dict,
                 failed: dict[str, str]) -> dict[str, str]:
         """/filter found no node for the pod: the ``FailedNodes`` to answer, after preempting when GPU
@@ -136,7 +146,10 @@ class Preemption:
         if own is not None:
             with self.cache.lock:
                 waiting = any(v in self.cache.pods for v in own.victims)
-            if waiting:  # (a call without the held node: its own preemption still waits all the same)
+                # its victims went after this call's decision (the informer's delete in between): the room
+                # is there now, and the next call takes it; only a node without it means someone took it
+                room = not waiting and self._fits_held_node(own, uid, preq, ctx, rec["priority"])
+            if waiting or room:  # (a call without the held node: its own preemption still waits all the same)
                 return {**failed, own.node: waiting_reason(own)} if own.node in names else failed
             self.holds.release(uid)  # its victims are gone and it still does not fit: someone took it
         if not pre.eligible(rec["preemption_policy"]):
@@ -177,6 +190,12 @@ class Preemption:
         if self.writer.submit(lambda: self._act(pod, hold, v.pods, cleared)) is None:
             self._act(pod, hold, v.pods, cleared)  # the pool is full: inline (back-pressure)
         return {**failed, v.node: waiting_reason(hold)}
+
+    def _fits_held_node(self, own: Hold, uid: str, preq: PodRequest, ctx: PodContext, priority: int) -> bool:
+        """The owner fits its held node now, with the other holds that count for it. Under ``cache.lock``."""
+        st = held_copies(self.cache, self.holds.against(uid, priority)).get(own.node) or (
+            self.cache.nodes.get(own.node))
+        return st is not None and pre.fit_without(st, (), preq, ctx).ok
 
     def _snapshot(self, uid: str, names: list[str],
                   priority: int) -> tuple[dict[str, NodeState], dict[str, list[PodUsage]]]:
