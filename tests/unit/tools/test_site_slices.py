@@ -11,8 +11,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +49,7 @@ for i, a in enumerate(argv):
         extra.update(json.load(open(argv[i + 1][1:])))
 final = not extra.get("site_roll_defer")
 with open(os.environ["FAKE_RUNS"], "a") as fh:
-    fh.write(json.dumps({{"hosts": hosts, "extra": extra, "argv": argv}}) + "\\n")
+    fh.write(json.dumps({{"hosts": hosts, "extra": extra, "argv": argv, "pid": os.getpid()}}) + "\\n")
 for h in hosts:
     how = fleet["nodes"].get(h, "converged")
     if how == "hang":
@@ -273,6 +276,30 @@ def test_a_final_run_past_its_timeout_leaves_its_nodes_failed(tmp_path, monkeypa
     nodes = f.account()["nodes"]
     assert nodes["n2"]["state"] == "failed" and "the final run" in nodes["n2"]["detail"]
     assert nodes["n1"]["state"] == "converged" and rc == slices.TIMEOUT_RC
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_stops_every_slice(tmp_path, monkeypatch) -> None:
+    f = Fake(tmp_path, monkeypatch, gpu=["n1", "n2"], nodes={"n1": "hang", "n2": "hang"})
+    cmd = [sys.executable, str(REPO / "tools" / "site_slices.py"), "--slices", "2", "-i", str(f.inv),
+           "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while len(f.runs()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [r["pid"] for r in f.runs()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out, out
+    assert not any(_alive(p) for p in pids)
 
 
 def test_callbacks_keep_the_users_and_add_the_account(tmp_path) -> None:
