@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("site_slices", REPO / "tools" / "site_slices.py")
 slices = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(slices)
+import site_slices_account as account  # noqa: E402  (on sys.path once site_slices is loaded)
 
 ANSIBLE = """#!{python}
 import json, os, sys
@@ -128,7 +129,7 @@ def test_states_and_lines_match_the_callback() -> None:
     install()
     from ansible_collections.hami.node.plugins.callback import fleet_account as fa
 
-    assert slices.ATTENTION == fa.ATTENTION and slices.ORDER == fa.ORDER
+    assert account.ATTENTION == fa.ATTENTION and account.ORDER == fa.ORDER
     doc = {
         "findings": {"X": "y"},
         "summary": {"failed": 1, "pending roll": 1, "changed": 1},
