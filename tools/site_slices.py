@@ -45,6 +45,7 @@ from site_slices_account import exit_code, merge, render, write  # noqa: E402
 
 SITE = HERE.parent / "playbooks" / "site.yml"
 CALLBACK = "hami.node.fleet_account"
+WHEELHOUSE = Path("~/.cache/hami-node/wheelhouse").expanduser()  # hami_agent_build_dir's default
 # set by the runner itself: a user's value would be overridden silently
 OWN_VARS = ("site_roll_defer", "site_slices_failed", "hami_rbac_apply_cluster")
 STOP_GRACE_S = 20.0  # after SIGINT, before SIGKILL: ansible-playbook ends its workers and writes its account
@@ -356,8 +357,9 @@ def main(argv: list[str] | None = None, say=print) -> int:
                 "site_roll_defer": True,
                 "hami_rbac_apply_cluster": False,
                 "hami_agent_dra_kubeconfig": "",
-                # each slice its own wheelhouse: K processes building and packing one directory race
-                "hami_agent_build_dir": str(run_dir / f"slice-{i}" / "wheelhouse"),
+                # each slice its own wheelhouse (K processes building and packing one directory race),
+                # beside the role's default one and kept from run to run like it (pip reuses what is there)
+                "hami_agent_build_dir": str(WHEELHOUSE.with_name(f"{WHEELHOUSE.name}-slice-{i}")),
             }
             (run_dir / f"slice-{i}.vars.json").write_text(json.dumps(own))
             argv = [
