@@ -38,7 +38,7 @@ from typing import Any
 
 from benchmarks import goals
 from benchmarks.fleet import inventory as inv
-from benchmarks.fleet import model
+from benchmarks.fleet import model, slices
 
 RUN_BY_DEFAULT = False  # a full run takes about an hour; `python -m benchmarks fleet` runs it
 SUMMARY: list[tuple[str, str, str, bool]] = []  # the last run's figures, for the summary table
@@ -328,8 +328,10 @@ class Bench:
         env: dict[str, str] | None = None,
         extra: list[str] | None = None,
         timeout_s: float | None = None,
+        sliced: bool = False,
     ) -> dict[str, Any]:
-        """One ansible-playbook run with the account callback; returns rc, wall, output lines, account."""
+        """One ansible-playbook run with the account callback; returns rc, wall, output lines, account.
+        ``sliced``: tools/site_slices.py in ``--slices`` processes instead (its accounts merged)."""
         from sandbox.cluster import _stream
 
         env = dict(env or {})
@@ -341,6 +343,10 @@ class Bench:
         account = self.run_dir / "accounts" / f"{tag}.json"
         account.parent.mkdir(parents=True, exist_ok=True)
         account.unlink(missing_ok=True)
+        if sliced:  # one account per process of the runner (benchmarks/fleet/slices.py)
+            account = self.run_dir / "accounts" / f"{tag}-{{run}}.json"
+            for old in account.parent.glob(f"{tag}-account-*.json"):
+                old.unlink()
         colls = f"{self.collections()}:{os.environ.get('ANSIBLE_COLLECTIONS_PATH', '')}".rstrip(":")
         full_env = {
             "ANSIBLE_COLLECTIONS_PATH": colls,
@@ -368,6 +374,12 @@ class Bench:
             str(playbook),
             *(extra or []),
         ]
+        if sliced:  # the runner finds ansible and ansible-playbook on PATH
+            full_env["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+            run_dir, limit = self.run_dir / "slices" / tag, timeout_s or self.args.run_timeout
+            argv = slices.argv(
+                sys.executable, self.args.slices, inventory, playbook, run_dir, limit, extra or []
+            )
         prof = full_env.pop("HAMI_FLEET_CPROFILE", "")
         if prof:  # the main process under cProfile (the forked workers inherit it; only the main one writes)
             Path(prof).parent.mkdir(parents=True, exist_ok=True)
@@ -378,7 +390,11 @@ class Bench:
             argv, timeout_s or self.args.run_timeout, f"ansible-playbook {tag}", log, full_env, None
         )
         wall = time.monotonic() - t0
-        doc = json.loads(account.read_text()) if account.exists() else {}
+        if sliced:
+            docs = slices.accounts(str(account))
+            doc = {**slices.merge(docs), "processes": docs}
+        else:
+            doc = json.loads(account.read_text()) if account.exists() else {}
         return {
             "rc": proc.returncode,
             "wall_s": wall,
@@ -544,10 +560,11 @@ class Bench:
         idle_rate = ((cgroup_cpu_s() or 0.0) - (c0 or 0.0)) / (time.monotonic() - t0)
         cpu0, sys0 = cgroup_cpu_s(), _system_cpu()
         say(f"{tag}: ansible-playbook site.yml over {len(names)} hosts (agents idle {idle_rate:.3f} CPU)")
-        r = self.ansible(playbook, invdir, tag, env=env)
+        r = self.ansible(playbook, invdir, tag, env=env, sliced=bool(self.args.slices))
         host_cpu = (cgroup_cpu_s() or 0.0) - (cpu0 or 0.0)
         system_cpu = _system_cpu() - sys0
         doc = r.pop("account")
+        processes = doc.pop("processes", {})
         stats = doc.get("stats", {})
         changed = sum(s.get("changed", 0) for h, s in stats.items() if h in names)
         failed = sum(s.get("failures", 0) + s.get("unreachable", 0) for s in stats.values())
@@ -594,6 +611,8 @@ class Bench:
             "env": env or {},
             "connection": connection,
             "forks": int((env or {}).get("ANSIBLE_FORKS", self.args.forks)),
+            "slices": self.args.slices,
+            "processes": slices.per_process(processes, names) if processes else [],
         }
         (self.run_dir / "results").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "results" / f"{tag}.json").write_text(json.dumps({**row, "account": doc}))
@@ -605,6 +624,12 @@ class Bench:
             f"workers {cpu['workers_s']:.1f}), hosts "
             f"{cpu['host_s']:.1f} CPU-s"
         )
+        for p in row["processes"]:
+            say(
+                f"{tag}: process {p['process']}: {p['hosts']} hosts, {p['host_tasks']} host-tasks, main "
+                f"work {p['main_work_s']:.1f} CPU-s = {p['main_work_per_host_task_s'] * 1e3:.1f} ms per "
+                f"host-task, wall {p['wall_s']:.0f}s"
+            )
         return row
 
     def run(self) -> int:
@@ -626,7 +651,8 @@ class Bench:
         for n in sizes:
             self.only_running(names, names[:n])
             env = {"ANSIBLE_FORKS": str(args.forks)}
-            self.results["sizes"].append(self.measure(f"size-{n}", indices[:n], env=env))
+            tag = f"size-{n}" + (f"-slices{args.slices}" if args.slices else "")
+            self.results["sizes"].append(self.measure(tag, indices[:n], env=env))
             self.save()
         for v in args.variants:
             n = args.variant_size
@@ -777,6 +803,16 @@ def figures(results: dict[str, Any], *, forks: int, cores: int, rtt_s: float) ->
             proj["total_s"] <= GOALS["projected_s"],
         )
     )
+    for k in (4, 8):
+        ps = model.project_slices(params, 1000, k, forks, cores, rtt_s)
+        rows.append(
+            (
+                f"projected converged 1,000-node run in {k} slices ({cores}-core controller, model.py)",
+                f"{ps['total_s'] / 60:.1f} min ({ps['bound']}-bound)",
+                "<= 15 min",
+                ps["total_s"] <= GOALS["projected_s"],
+            )
+        )
     return rows, {"params": params.__dict__, "projection": proj}
 
 
@@ -803,6 +839,13 @@ def report(results: dict[str, Any], forks: int, cores: int, rtt_s: float) -> Non
                 f"{c.get('main_spin_s', 0):>5.1f} {c.get('main_poll_s', 0):>5.1f} {c['workers_s']:>7.1f} "
                 f"{c['host_s']:>7.1f} {r['system_cpu_s']:>7.1f} {r['lines_per_host']:>7.1f}  {api}"
             )
+        for r in sizes:
+            for p in r.get("processes", []):
+                print(
+                    f"  {r['hosts']} hosts in {r['slices']} slice(s), process {p['process']}: {p['hosts']} "
+                    f"hosts, main work {p['main_work_per_host_task_s'] * 1e3:.1f} ms per host-task, wall "
+                    f"{p['wall_s']:.0f}s"
+                )
         big = max(sizes, key=lambda r: r["hosts"])
         print(f"\nWhere a converged run's host-seconds go ({big['hosts']} hosts), by role:")
         for row in big["roles"][:10]:
@@ -916,6 +959,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--report", metavar="FLEET_JSON", help="only print the report of an earlier run's fleet.json"
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--slices",
+        type=int,
+        default=0,
+        help="run site.yml through tools/site_slices.py in N slices (default 0: one ansible-playbook)",
+    )
     goals.add_flag(p)
     g = p.add_argument_group("the simulated roll (no podman; needs plugins/module_utils/_rollout.py)")
     g.add_argument("--roll-only", action="store_true", help="only the simulated roll")

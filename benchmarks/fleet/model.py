@@ -24,6 +24,20 @@ For N nodes, F forks and a controller with K cores::
 ``fixed`` is the run's cost that does not grow with N (start-up, the controller-side ``run_once`` tasks:
 building and packing the agent's wheels), the intercept of the measured wall times; the last term is the
 linear strategy's barrier (each task waits for its slowest host; one host-task's latency per task).
+
+In slices (``project_slices``; tools/site_slices.py): S concurrent ansible-playbook processes over n = N/S
+nodes each, F forks each, then one final run over the few hosts that the slices leave to it (the scheduler
+hosts and, in a converged run, one node that carries the cluster-wide writes)::
+
+    main_1  = m(n) * H * n                       (each slice's main process, on its own core)
+    cpu     = S * main_1 + w(n) * H * N          (every slice's main process and workers)
+    slots   = (w(n) + h + r) * H * n / F
+    T1      = fixed + max(main_1 * max(1, S / K), cpu / K, slots) + H * (w(n) + h + r)
+    T(N, S) = T1 + T(final hosts)                (``project`` of the final run)
+
+Each slice's main process pays the cost per host-task of its own host count, m(n), not m(N): what grows
+with the hosts in one process (``groups``, ``ansible_play_hosts`` passed with every host-task) shrinks with
+the slice.
 """
 
 from __future__ import annotations
@@ -135,6 +149,42 @@ def project(p: Params, n: int, forks: int, cores: int, rtt_s: float = 0.01) -> d
         "barrier_s": barrier,
         "fixed_s": p.fixed_s,
         "total_s": p.fixed_s + bound[1] + barrier,
+        "bound": bound[0],
+    }  # type: ignore[dict-item]
+
+
+def project_slices(
+    p: Params, n: int, slices: int, forks: int, cores: int, rtt_s: float = 0.01, final_hosts: int = 2
+) -> dict[str, float]:
+    """The projected wall of a converged run over ``n`` nodes in ``slices`` processes (module docstring)."""
+    if slices < 1:
+        raise ValueError("project_slices needs slices >= 1")
+    if forks < 1 or cores < 2:
+        raise ValueError("project_slices needs forks >= 1 and a controller of at least 2 cores")
+    per = n / slices
+    m, w = at(p.main_s, per), at(p.worker_s, per)
+    main_1 = m * p.tasks_per_host * per
+    cpu = slices * main_1 + w * p.tasks_per_host * n
+    slots = (w + p.host_s + rtt_s) * p.tasks_per_host * per / forks
+    barrier = p.tasks_per_host * (w + p.host_s + rtt_s)
+    bound = max(("main", main_1 * max(1.0, slices / cores)), ("cpu", cpu / cores), ("slots", slots),
+                key=lambda kv: kv[1])
+    phase1 = p.fixed_s + bound[1] + barrier
+    final = project(p, max(1, final_hosts), forks, cores, rtt_s)
+    return {
+        "nodes": n,
+        "slices": slices,
+        "forks": forks,
+        "cores": cores,
+        "hosts_per_slice": per,
+        "main_per_host_task_s": m,
+        "main_s": main_1,
+        "cpu_s": cpu,
+        "slots_s": slots,
+        "barrier_s": barrier,
+        "phase1_s": phase1,
+        "final_s": final["total_s"],
+        "total_s": phase1 + final["total_s"],
         "bound": bound[0],
     }  # type: ignore[dict-item]
 

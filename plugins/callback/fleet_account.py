@@ -36,6 +36,14 @@ DOCUMENTATION = r"""
           - section: hami_node
             key: account_dir
         type: path
+      account_file:
+        description:
+          - Write the account (JSON) to exactly this file and nothing to the report directory. A run in slices
+            (tools/site_slices.py) gives each of its ansible-playbook processes its own file and merges them.
+        default: ''
+        env:
+          - name: HAMI_NODE_ACCOUNT_FILE
+        type: path
 """
 
 import datetime  # noqa: E402
@@ -46,8 +54,9 @@ import time  # noqa: E402
 from ansible.plugins.callback import CallbackBase  # noqa: E402
 
 ATTENTION = ("failed", "unreachable", "parked", "refused", "deferred", "skipped")
+# "pending roll": only in a slice of a run in slices (site_roll_defer): its final run rolls the node
 ORDER = ("unreachable", "failed", "parked", "refused", "deferred", "skipped",
-         "rolled", "changed", "converged")
+         "pending roll", "rolled", "changed", "converged")
 MSG_MAX = 400
 ACCOUNT_TASKS = "Account |"
 
@@ -153,6 +162,8 @@ class Account:
         if gone and state in (None, "converged", "changed", "pending roll"):
             facts.update(state="unreachable", play=rec.unreachable["play"], task=rec.unreachable["task"],
                          detail=rec.unreachable["msg"])
+        elif state == "pending roll" and self.roll.get("defer"):
+            facts["detail"] = "%s: %s" % (self.roll["defer"], facts.get("detail") or "a disruptive change")
         elif state == "pending roll":
             waited = facts.get("waited") or (self.roll.get("deferred") or {}).get(name)
             if waited and not self.roll.get("stopped"):
@@ -187,6 +198,7 @@ class Account:
         return {
             "findings": dict(self.findings),
             "playbook": self.run.get("playbook", ""),
+            "report_dir": self.run.get("report_dir", ""),
             "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),
             "seconds": round(self.clock() - self.started, 1),
             "settings": self.run.get("settings", {}),
@@ -208,7 +220,7 @@ def describe(v):
     elif state == "parked":
         text = "gate %s failed: %s (runbook %s)" % (v.get("gate", "?"), v.get("detail", ""),
                                                      v.get("runbook", "-"))
-    elif state in ("refused", "deferred", "skipped"):
+    elif state in ("refused", "deferred", "skipped", "pending roll"):
         text = v.get("detail", "")
     elif state == "changed":
         text = "%d task(s) changed: %s" % (v.get("changed_tasks", 0), "; ".join(v.get("changed", [])))
@@ -287,6 +299,17 @@ class CallbackModule(CallbackBase):
             self._display.display("account: %s%s" % (os.path.join(where, "_account.json"), hint))
 
     def _write(self, doc):
+        exact = self.get_option("account_file")
+        if exact:
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(exact)), exist_ok=True)
+                with open(exact, "w") as fh:
+                    json.dump(doc, fh, indent=2, sort_keys=True)
+                    fh.write("\n")
+            except OSError as exc:
+                self._display.warning("hami.node.fleet_account: cannot write the account to %s: %s"
+                                      % (exact, exc))
+            return ""
         where = self.account.run.get("report_dir") or ""
         if not where:
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

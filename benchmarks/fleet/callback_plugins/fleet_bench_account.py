@@ -191,7 +191,10 @@ class CallbackModule(CallbackBase):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._out = os.environ.get("HAMI_FLEETBENCH_ACCOUNT", "")
+        # "{run}": one file per ansible-playbook process of a run in slices (tools/site_slices.py names each
+        # process's own account file: account-1, account-2, ..., account-final)
+        run = os.path.splitext(os.path.basename(os.environ.get("HAMI_NODE_ACCOUNT_FILE", "")))[0] or "run"
+        self._out = os.environ.get("HAMI_FLEETBENCH_ACCOUNT", "").replace("{run}", run)
         self._api_dir = os.environ.get("HAMI_FLEETBENCH_API_DIR", "")
         self._t0 = time.time()
         _patch_main_process()

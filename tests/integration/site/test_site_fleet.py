@@ -99,6 +99,15 @@ class Fleet:
         return (self.tmp / name / "kubelet-config.yaml").read_text()
 
     def run(self, *extra: str, timeout: int = 420) -> subprocess.CompletedProcess:
+        cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory()),
+               str(ROOT / "playbooks" / "site.yml"), "-e", f"site_rollout_report_dir={self.report}", *extra]
+        proc = subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout,
+                              check=False, cwd=self.tmp)
+        self.runs += 1
+        (self.tmp / f"run{self.runs}.log").write_text(proc.stdout + proc.stderr)
+        return proc
+
+    def inventory(self) -> Path:
         inv = self.tmp / "hosts.yml"
         inv.write_text(yaml.safe_dump({"all": {
             "vars": {
@@ -111,6 +120,9 @@ class Fleet:
                 "node_maintenance_check_register": False,
             },
             "children": {"gpu_nodes": {"hosts": self.hosts}, "hami_scheduler": {"hosts": {}}}}}))
+        return inv
+
+    def env(self) -> dict:
         env = ansible_env(self.tmp, stubs=False)
         env.update({
             "PATH": f"{self.bin}:{env['PATH']}",
@@ -121,13 +133,7 @@ class Fleet:
             "ANSIBLE_FORKS": "20",
             "HAMI_NODE_ACCOUNT_DIR": str(self.tmp / "runs"),
         })
-        cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(inv), str(ROOT / "playbooks" / "site.yml"),
-               "-e", f"site_rollout_report_dir={self.report}", *extra]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-                              cwd=self.tmp)
-        self.runs += 1
-        (self.tmp / f"run{self.runs}.log").write_text(proc.stdout + proc.stderr)
-        return proc
+        return env
 
     def account(self) -> dict:
         return json.loads((self.report / "_account.json").read_text())

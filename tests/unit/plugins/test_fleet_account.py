@@ -110,6 +110,19 @@ def test_a_node_waiting_for_headroom_is_deferred_unless_the_roll_stopped() -> No
     assert v["state"] == "skipped" and "the roll stopped" in v["detail"]
 
 
+def test_in_a_slice_a_pending_roll_is_deferred_to_the_final_run_not_attention() -> None:
+    a = account()
+    a.ok("p", facts(state="pending roll", play="plan", detail="kubelet maxPods 110 -> 111"), False)
+    a.ok("c", {}, False)
+    defer = "roll deferred to the final phase (this run is a slice: site_roll_defer)"
+    a.ok("localhost", {"ansible_facts": {"site_account_roll": {"defer": defer}}}, False)
+    doc = a.result()
+    v = doc["nodes"]["p"]
+    assert v["state"] == "pending roll" and v["detail"] == defer + ": kubelet maxPods 110 -> 111"
+    assert doc["needs_attention"] == [] and doc["summary"] == {"pending roll": 1, "converged": 1}
+    assert fa.render(doc)[0].split()[:4] == ["p", "pending", "roll", "roll"]
+
+
 def test_long_messages_keep_their_head_and_their_cause_on_one_line() -> None:
     a = account()
     a.failed("n", {"msg": "'/usr/bin/apt-get install\n" + "pkg " * 500 + "' failed: E: Unable to acquire the "
