@@ -43,7 +43,7 @@ test-fast: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not molecule and not e2e" $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check agent tests benchmarks plugins sandbox scripts
+	$(BIN)/ruff check agent tests benchmarks plugins sandbox scripts tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/lint-ansible.sh
 
 # Every benchmark but the chaos soak and the fleet, one table at the end (docs/performance.md). A benchmark
