@@ -47,23 +47,10 @@ def known_bad_driver(version, extra=None):
         raise AnsibleFilterError(
             "known_bad_driver: the input must be a driver version string, got %r" % (version,)
         )
-    entry = known_bad_drivers.lookup(version)
-    if entry is not None:
-        return entry
-    for item in extra or []:
-        if not isinstance(item, dict) or "version" not in item:
-            raise AnsibleFilterError(
-                "known_bad_driver: each item of 'extra' needs a 'version' (and a 'reason'), got %r" % (item,)
-            )
-        if version and str(item["version"]).strip() == str(version).strip():
-            return {
-                "version": str(item["version"]),
-                "reason": str(item.get("reason", "")),
-                "reference": "",
-                "condition": "any",
-                "fixed_in": "",
-            }
-    return None
+    try:
+        return known_bad_drivers.lookup_extra(version, extra)
+    except ValueError as exc:
+        raise AnsibleFilterError("known_bad_driver: %s" % exc) from None
 
 
 class FilterModule:

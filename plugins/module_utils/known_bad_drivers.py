@@ -5,7 +5,7 @@
 Readers: the modules ``nvidia_gpu_info`` / ``nvidia_mig`` import it as module_utils (shipped to the node
 with them); the roles use it through the filter ``hami.node.known_bad_driver`` (controller side); the agent
 imports it as ``hami_agent.known_bad_drivers``, a symlink to this file that packs into the agent's wheel.
-So it stays plain data plus two functions, with no Ansible or agent imports.
+So it stays plain data plus a few functions, with no Ansible or agent imports.
 ``tests/unit/test_known_bad_drivers_single_source.py`` fails if a second copy of the list appears.
 
 Add an entry to flag another build. ``condition`` says when the bug bites (``any``, or ``mixed_mig``: at
@@ -44,6 +44,25 @@ def lookup(version):
     out = dict(entry)
     out["version"] = str(version).strip()
     return out
+
+
+def lookup_extra(version, extra):
+    """``lookup``, then the site's own builds ``extra`` ([{version, reason}]); ValueError on a bad item."""
+    entry = lookup(version)
+    if entry is not None:
+        return entry
+    for item in extra or []:
+        if not isinstance(item, dict) or "version" not in item:
+            raise ValueError("each item of 'extra' needs a 'version' (and a 'reason'), got %r" % (item,))
+        if version and str(item["version"]).strip() == str(version).strip():
+            return {
+                "version": str(item["version"]),
+                "reason": str(item.get("reason", "")),
+                "reference": "",
+                "condition": "any",
+                "fixed_in": "",
+            }
+    return None
 
 
 def triggered(entry, mig_modes):

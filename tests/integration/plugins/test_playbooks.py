@@ -273,7 +273,14 @@ def test_kubelet_config_playbook(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_ansible_doc_renders_every_module(tmp_path):
-    mods = ["nvidia_gpu_info", "nvidia_mig", "nvidia_mps", "kubelet_config", "hami_node"]
+    mods = [
+        "nvidia_gpu_info",
+        "nvidia_driver_facts",
+        "nvidia_mig",
+        "nvidia_mps",
+        "kubelet_config",
+        "hami_node",
+    ]
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-doc"), "--json"] + ["hami.node." + m for m in mods],
         env=ansible_env(tmp_path),

@@ -1,10 +1,11 @@
-"""roles/nvidia_driver/tasks/install.yml: one dpkg-query reads every driver package's selection, and
-dpkg_selections (one task, holding or releasing as nvidia_driver_hold says) runs only for the packages whose
-selection differs (a converged node runs it for none).
+"""roles/nvidia_driver/tasks/install.yml: the role's one reading (hami.node.nvidia_driver_facts, one
+dpkg-query) has every driver package's selection, and dpkg_selections (one task, holding or releasing as
+nvidia_driver_hold says) runs only for the packages whose selection differs (a converged node runs it for
+none).
 
-The role's own loop expressions are evaluated by ansible-playbook on localhost against dpkg-query answers
-of the shape the real command prints (``${Package} ${db:Status-Want}``; packages that are not installed are
-missing from it), and the query's argv is checked against the real dpkg-query where there is one.
+The role's own loop expressions are evaluated by ansible-playbook on localhost against the module's
+``selections`` (packages dpkg does not know are missing from it), and the module's query is run against
+the real dpkg-query where there is one.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def _task(name: str) -> dict:
     return next(t for t in TASKS if t["name"] == name)
 
 
-def _loops(lines: list[str], tmp_path: Path) -> dict[str, list[str]]:
-    """The hold task's loop, as Ansible evaluates it, for dpkg-query output ``lines``: with
+def _loops(selections: dict[str, str], tmp_path: Path) -> dict[str, list[str]]:
+    """The hold task's loop, as Ansible evaluates it, for the reading's ``selections``: with
     nvidia_driver_hold true ("hold") and false ("release")."""
     task = _task("Hold the driver packages, or release the holds")
     tasks = [{"name": f"loop {name}", "ansible.builtin.debug": {"msg": task["loop"]},
@@ -39,7 +40,7 @@ def _loops(lines: list[str], tmp_path: Path) -> dict[str, list[str]]:
              for name, hold in (("hold", True), ("release", False))]
     play = [{"hosts": "localhost", "gather_facts": False,
              "vars": {"_nvidia_driver_packages": PACKAGES,
-                      "_nvidia_driver_selections": {"stdout_lines": lines, "rc": 1}},
+                      "_nvidia_driver_read": {"selections": selections}},
              "tasks": tasks}]
     pb = tmp_path / "loops.yml"
     pb.write_text(yaml.safe_dump(play, width=4096))
@@ -55,24 +56,36 @@ def _loops(lines: list[str], tmp_path: Path) -> dict[str, list[str]]:
 
 
 def test_a_converged_node_runs_dpkg_selections_for_no_package(tmp_path: Path) -> None:
-    loops = _loops([f"{p} hold" for p in PACKAGES], tmp_path)
+    loops = _loops({p: "hold" for p in PACKAGES}, tmp_path)
     assert loops["hold"] == []
     assert loops["release"] == PACKAGES  # hold -> install everywhere, were holds released
 
 
 def test_only_packages_whose_selection_differs_are_set(tmp_path: Path) -> None:
-    # nvidia-dkms-570 is not installed: dpkg-query leaves it out, dpkg_selections still gets it (as before)
-    lines = ["nvidia-driver-570 hold", "nvidia-utils-570 install", "libnvidia-compute-570 deinstall"]
-    loops = _loops(lines, tmp_path)
+    # nvidia-dkms-570 is unknown to dpkg: the reading leaves it out, dpkg_selections still gets it (as before)
+    selections = {
+        "nvidia-driver-570": "hold",
+        "nvidia-utils-570": "install",
+        "libnvidia-compute-570": "deinstall",
+    }
+    loops = _loops(selections, tmp_path)
     assert loops["hold"] == ["nvidia-utils-570", "libnvidia-compute-570", "nvidia-dkms-570"]
     assert loops["release"] == ["nvidia-driver-570", "libnvidia-compute-570", "nvidia-dkms-570"]
 
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="no dpkg on this machine")
-def test_the_query_prints_one_package_and_selection_a_line() -> None:
-    fmt = _task("Read the driver packages' dpkg selections")["vars"]["_format"]
-    proc = subprocess.run(["dpkg-query", "--show", f"--showformat={fmt}", "dpkg", "no-such-package-hami"],
-                          capture_output=True, text=True, timeout=30, check=False)
-    assert proc.returncode == 1  # a missing package: the role's failed_when: false
-    assert proc.stdout.splitlines() == [f"dpkg {proc.stdout.split()[1]}"]
-    assert proc.stdout.split()[1] in ("install", "hold", "deinstall", "purge")
+def test_the_modules_query_reads_the_real_dpkg() -> None:
+    from tests.unit.plugins.collection_path import install
+
+    install()
+    from ansible_collections.hami.node.plugins.modules import nvidia_driver_facts
+
+    fmt = "--showformat=" + nvidia_driver_facts.DPKG_FORMAT
+    proc = subprocess.run(
+        ["dpkg-query", "--show", fmt, "dpkg", "no-such-package-hami"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert proc.returncode == 1  # a missing package: the module reads the others all the same
+    installed, selections = nvidia_driver_facts.parse_dpkg(proc.stdout)
+    assert list(installed) == ["dpkg"] and installed["dpkg"][0].isdigit()
+    assert list(selections) == ["dpkg"] and selections["dpkg"] in ("install", "hold", "deinstall", "purge")
