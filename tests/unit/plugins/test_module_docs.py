@@ -17,7 +17,7 @@ from ansible.module_utils import basic
 pytestmark = pytest.mark.unit
 
 MODULES = ["nvidia_gpu_info", "nvidia_driver_facts", "nvidia_mig", "nvidia_mps", "kubelet_config",
-           "hami_node", "k8s_node_maintenance", "k8s_rollout"]
+           "hami_node", "hami_agent_install", "k8s_node_maintenance", "k8s_rollout"]
 FILE_COMMON = {
     "mode",
     "owner",
