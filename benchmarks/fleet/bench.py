@@ -306,7 +306,8 @@ class Bench:
         coll = self.run_dir / "collections" / "ansible_collections" / "hami"
         coll.mkdir(parents=True, exist_ok=True)
         link = coll / "node"
-        if not link.is_symlink():
+        # re-pointed when it leads elsewhere: a run dir outlives the checkout that made it (another worktree)
+        if not link.is_symlink() or Path(os.readlink(link)) != REPO:
             link.unlink(missing_ok=True)
             link.symlink_to(REPO)
         return self.run_dir / "collections"

@@ -538,3 +538,14 @@ def test_growth_playbook_keeps_a_fact_only_when_asked() -> None:
         )["work_ms"]
         == 2.0
     )
+
+
+def test_the_collection_link_follows_this_checkout(tmp_path: Path) -> None:
+    fake = SimpleNamespace(run_dir=tmp_path)
+    link = tmp_path / "collections" / "ansible_collections" / "hami" / "node"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(tmp_path / "a-removed-worktree")  # a run dir made by another checkout
+    assert bench.Bench.collections(fake) == tmp_path / "collections"
+    assert link.resolve() == bench.REPO
+    bench.Bench.collections(fake)  # idempotent
+    assert link.resolve() == bench.REPO
