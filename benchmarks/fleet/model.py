@@ -5,7 +5,8 @@ The projection (``project``) separates what the controller pays from what runs o
 - ``H``: host-tasks per host (every result Ansible processes for a host: ok, changed, skipped, includes);
 - ``m(N)``: the controller's **main process** CPU per host-task at a fleet of N hosts. One process, one
   core: the strategy loop, variable management (``get_vars`` per host and task), result processing,
-  callbacks. It grows with N where a task looks at every other host (``hostvars``) or the inventory;
+  callbacks. It grows with N as its heap grows (what it keeps per host: facts, registered results; every
+  forked worker inherits it, ``growth.py``) and where a task looks at every other host (``hostvars``);
   fitted as ``m(N) = m0 + m1 * N`` over the measured sizes;
 - ``w(N)``: the controller's **worker** CPU per host-task: one forked worker per host-task (fork, task
   executor, templating, the module's packaging, the connection's client), parallel over the forks and
@@ -36,8 +37,8 @@ hosts and, in a converged run, one node that carries the cluster-wide writes)::
     T(N, S) = T1 + T(final hosts)                (``project`` of the final run)
 
 Each slice's main process pays the cost per host-task of its own host count, m(n), not m(N): what grows
-with the hosts in one process (``groups``, ``ansible_play_hosts`` passed with every host-task) shrinks with
-the slice.
+with the hosts in one process (its heap: the facts and registered results it keeps per host, which every
+forked worker inherits; ``growth.py``) shrinks with the slice.
 """
 
 from __future__ import annotations
