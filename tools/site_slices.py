@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # Copyright: hami.node contributors
 """site.yml over a fleet in slices: several ansible-playbook processes, one per-node account.
