@@ -43,7 +43,7 @@ DOCUMENTATION = r"""
         default: ''
         env:
           - name: HAMI_NODE_ACCOUNT_FILE
-        type: path
+        type: str
 """
 
 import datetime  # noqa: E402
@@ -299,7 +299,8 @@ class CallbackModule(CallbackBase):
             self._display.display("account: %s%s" % (os.path.join(where, "_account.json"), hint))
 
     def _write(self, doc):
-        exact = self.get_option("account_file")
+        # a str, expanded here: type "path" turns the empty default into the working directory
+        exact = os.path.expanduser(self.get_option("account_file") or "")
         if exact:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(exact)), exist_ok=True)

@@ -148,3 +148,12 @@ def test_a_finding_about_the_cluster_is_not_a_node_failure() -> None:
     assert any("(cluster)" in ln and "ALLOCATION_GUARD_MISSING" in ln and "no kubeconfig" in ln
                for ln in lines)
     assert lines[-1].endswith("1 finding(s) about the cluster")
+
+
+def test_account_file_default_is_no_file() -> None:
+    # Ansible's option type "path" turns the empty default into the working directory: the account then went
+    # nowhere (a directory) instead of beside the rollout report. The option must be a plain string.
+    import yaml
+
+    opts = yaml.safe_load(fa.DOCUMENTATION)["options"]
+    assert opts["account_file"]["type"] == "str" and opts["account_file"]["default"] == ""
