@@ -231,3 +231,25 @@ def test_new_leader_decides_only_after_relisting():
     gate.stopped_leading()
     el.leading = False
     assert not gate.wait_ready(0)
+
+
+def test_ready_hooks_run_before_the_new_leader_decides():
+    """The hooks rebuild a previous leader's state (busy nodes, preemption holds): a filter answered before
+    they ran would not see a hold and could give its room to a rival."""
+    gate = LeaderGate(relist=lambda _t: True)
+    gate.attach(FakeElector(True, holder="a"), None)
+    seen: list[bool] = []
+    gate.on_ready(lambda: seen.append(gate.wait_ready(0)))
+    gate.started_leading()
+    assert seen == [False]  # not deciding while the hook ran
+    assert gate.wait_ready(0)  # and deciding once it has
+
+
+def test_ready_hooks_do_not_run_for_a_term_already_lost():
+    el = FakeElector(True, holder="a")
+    gate = LeaderGate(relist=lambda _t: (setattr(el, "leading", False), True)[1])
+    gate.attach(el, None)
+    ran: list[int] = []
+    gate.on_ready(lambda: ran.append(1))
+    gate.started_leading()
+    assert ran == [] and not gate.wait_ready(0)

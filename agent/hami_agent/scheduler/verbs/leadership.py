@@ -262,16 +262,18 @@ class LeaderGate:
             if not ok:
                 logger.error("leader: pod cache did not relist within %.0fs; not deciding yet",
                              self._relist_timeout_s)
-        with self._lock:
-            ready = ok and term == self._term and self.elector.is_leader()
-            if ready:
-                self._ready.set()
-                logger.info("leader: caches relisted; deciding from now on")
-        for fn in self._on_ready if ready else ():
+        # the hooks (busy nodes, preemption holds rebuilt from the pending pods) run BEFORE this replica
+        # decides: a filter answered in between would not see a previous leader's hold and could give its
+        # room to a rival
+        for fn in self._on_ready if ok and term == self._term and self.elector.is_leader() else ():
             try:
                 fn()
             except Exception:
                 logger.exception("leadership-ready hook failed")
+        with self._lock:
+            if ok and term == self._term and self.elector.is_leader():
+                self._ready.set()
+                logger.info("leader: caches relisted; deciding from now on")
 
     def stopped_leading(self) -> None:
         with self._lock:
