@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="effect of the <driver>/unhealthy device taint (NoExecute also evicts running pods "
                         "whose claims do not tolerate it)")
     p.add_argument("--poll-interval", type=float, default=0.25,
-                   help="seconds between checks of sockets and the MIG apply lock")
+                   help="seconds between checks of sockets and the MIG apply lock without inotify, and "
+                        "while a device waits out its recovery quiet period (else changes wake the driver)")
     p.add_argument("--mig-apply-lock", default=None,
                    help="pause NVML while this file exists (default /tmp/hami/hami-mig-apply.lock)")
     p.add_argument("--nvml-call-timeout", type=float, default=None, help="NVML call deadline (default 5)")

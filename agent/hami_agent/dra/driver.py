@@ -10,6 +10,11 @@ slow API server reaches the kubelet.
 While the MIG apply lock exists (``--mig-apply-lock``, as the device plugin), the NVML supervisor is
 stopped (no open NVML handles while GPUs are reconfigured), the last devices stay published with a
 ``<driver>/reconfiguring`` NoSchedule taint and prepares keep answering from memory.
+
+The loop sleeps until something needs it, as the device plugin's (issue 31): inotify (``fswatch``) on the
+sockets' and the MIG lock's directories, a new NVML snapshot, ``stop()``, and every ``IDLE_WAKE_S`` a look
+of its own. Without inotify, or while a device waits out its recovery quiet period, it ticks every
+``poll_interval_s`` as before.
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ from hami_agent.dra.metrics import DraMetrics
 from hami_agent.dra.plugin import HealthBoard, KubeletPlugin
 from hami_agent.dra.prepare import Preparer
 from hami_agent.dra.settings import DraSettings
+from hami_agent.fswatch import DirWatch
 from hami_agent.kubeletplugin import DeadlineRunner
 from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 
 logger = logging.getLogger(__name__)
 
 GC_INTERVAL_S = 60.0  # how often prepared claims are checked against the API
+IDLE_WAKE_S = 5.0  # the event-driven loop's safety net: it looks at sockets and lock by itself this often
 
 
 def apply_health(tracker: HealthTracker, devices: list[DraDevice], generation: int,
@@ -75,6 +82,8 @@ class DraDriver:
         self.source: Any = None
         self.paused = False
         self._stop = threading.Event()
+        self._wakeup = threading.Event()  # set by wake(): ends the pause loop's wait at once
+        self._fswatch: DirWatch | None = None
         self._fatal: str | None = None
         self._warn_once = log.WarnOnce(logger)
         self._last_gc = time.monotonic()
@@ -86,6 +95,34 @@ class DraDriver:
 
     def stop(self) -> None:
         self._stop.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """Run the loop now: a socket or the MIG lock may have changed (any thread)."""
+        self._wakeup.set()
+        wake = getattr(self.source, "wake", None)
+        if wake is not None:
+            wake()
+
+    def _watch_dirs(self) -> list[str]:
+        s = self.settings
+        dirs = [os.path.dirname(os.path.abspath(s.plugin_socket)),
+                os.path.dirname(os.path.abspath(s.registration_socket))]
+        if s.mig_apply_lock:
+            dirs.append(os.path.dirname(os.path.abspath(s.mig_apply_lock)))
+        return dirs
+
+    def _watched(self) -> bool:
+        return self._fswatch is not None and self._fswatch.active
+
+    def _wait_s(self) -> float:
+        """How long the loop may sleep before it must look again by itself."""
+        if (not self._watched() or not callable(getattr(self.source, "wake", None))
+                or self.health.pending_recoveries()):
+            return self.settings.poll_interval_s
+        if self.claim_gone is None:
+            return IDLE_WAKE_S
+        return min(IDLE_WAKE_S, max(0.01, self._last_gc + GC_INTERVAL_S - time.monotonic()))
 
     def healthz(self) -> tuple[bool, str]:
         if self._fatal:
@@ -158,7 +195,9 @@ class DraDriver:
             self.publisher.set_devices(self._published, paused=True)
         while self._mig_lock_held() and not self._stop.is_set():
             self._housekeeping()
-            self._stop.wait(self.settings.poll_interval_s)
+            # the lock's removal wakes this; without inotify it is polled
+            self._wakeup.wait(IDLE_WAKE_S if self._watched() else self.settings.poll_interval_s)
+            self._wakeup.clear()
         self.paused = False
         self.metrics.paused.set(0)
         if not self._stop.is_set():
@@ -193,6 +232,9 @@ class DraDriver:
     # ------------------------------------------------------------------------------ main loop
     def run(self) -> int:
         try:
+            # before the first look at the sockets and the lock, so no change between the two is missed
+            self._fswatch = DirWatch(self._watch_dirs(), self.wake, name="dra-fswatch")
+            self._fswatch.start()
             self.plugin.start()
             gen = -1
             if not self._mig_lock_held():
@@ -208,7 +250,7 @@ class DraDriver:
                 if self.source is None:
                     snap = self._start_source()
                 else:
-                    snap = self.source.wait_for_change(gen, self.settings.poll_interval_s)
+                    snap = self.source.wait_for_change(gen, self._wait_s())
                 gen = getattr(snap, "generation", 0)
                 self.apply_snapshot(snap)  # also re-evaluates health recovery every tick
                 self._housekeeping()
@@ -223,6 +265,8 @@ class DraDriver:
         return 0
 
     def shutdown(self) -> None:
+        if self._fswatch is not None:
+            self._fswatch.stop()
         self.plugin.stop()
         if self.publisher is not None:
             self.publisher.stop()

@@ -197,3 +197,26 @@ def test_nvml_hung_100_prepares_in_a_row_none_blocked(cluster, gpusim):
         f"slowest {slowest * 1000:.1f} ms; slowest admission "
         f"{max(r.duration_s for r in results) * 1000:.1f} ms"
     )
+
+
+def test_the_loop_follows_its_socket_and_the_mig_lock_by_inotify_not_its_poll(cluster, gpusim):
+    """Issue 31: with a 60 s poll the loop still re-serves a deleted socket and follows the MIG lock at
+    once (inotify wakes it; its own look comes every 5 s at the latest)."""
+    _api, c = cluster
+    _g, n = node_up(c, "gpu-a", gpusim, driver_args=["--poll-interval", "60"])
+    assert c.wait(lambda: len(c.devices("gpu-a")) == 8, 30)
+    sock = n.root / "plugins" / DRIVER / "dra.sock"
+    assert sock.exists(), sorted(p.name for p in (n.root / "plugins").rglob("*"))
+    sock.unlink()
+    log = n.driver_log
+    assert c.wait(sock.exists, 4), open(log).read()[-3000:]
+    lock = n.root / "mig-apply.lock"
+    lock.write_text("")
+    reconfiguring = f"{DRIVER}/reconfiguring"
+
+    def taints():
+        return [t["key"] for t in c.devices("gpu-a")["gpu-0"].get("taints", [])]
+
+    assert c.wait(lambda: reconfiguring in taints(), 4), open(log).read()[-3000:]
+    lock.unlink()
+    assert c.wait(lambda: not taints(), 4), open(log).read()[-3000:]

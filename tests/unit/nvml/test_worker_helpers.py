@@ -10,7 +10,7 @@ import pytest
 from hami_agent.nvml import cmd
 from hami_agent.nvml.errors import NvmlTimeout, phrase_for
 from hami_agent.nvml.inventory import build_snapshot
-from hami_agent.nvml.worker import numa_from_sysfs, sysfs_bus_id
+from hami_agent.nvml.worker import Channel, numa_from_sysfs, sysfs_bus_id
 
 pytestmark = pytest.mark.unit
 
@@ -72,3 +72,27 @@ def test_slices_from_mig_device_name() -> None:
     assert _slices_from_name("NVIDIA H20 MIG 3g.48gb") == 3
     assert _slices_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb+me") == 1
     assert _slices_from_name("odd name") == 1
+
+
+class _Writes:
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.writes.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_held_end_travels_with_the_next_message_in_one_write() -> None:
+    out = _Writes()
+    chan = Channel(out)
+    chan.send({"t": "end", "k": 1}, hold=True)
+    assert out.writes == []  # held: one pipe write (one supervisor wakeup) per call, not two
+    chan.send({"t": "begin", "k": 2})
+    assert out.writes == ['{"t":"end","k":1}\n{"t":"begin","k":2}\n']
+    chan.send({"t": "end", "k": 2}, hold=True)
+    chan.flush()  # before the worker waits for anything but NVML (serve mode: the next request)
+    chan.flush()
+    assert out.writes[1:] == ['{"t":"end","k":2}\n']
