@@ -2,30 +2,38 @@
 # Copyright: hami.node contributors
 """tools/site_slices.py's account: the processes' per-node accounts merged into one, printed as the
 callback hami.node.fleet_account prints one, with the slice that ran each node, and the run's exit code.
-Standard library only; a run is anything with ``name``, ``hosts``, ``status``, ``rc``, ``timeout``, ``log``,
-``account()`` and ``summary()`` (site_slices.Run)."""
+Standard library only: the printed lines and the files are the callback's own code
+(plugins/module_utils/_fleet_account.py, which needs no Ansible). A run is anything with ``name``,
+``hosts``, ``status``, ``rc``, ``timeout``, ``log``, ``account()`` and ``summary()`` (site_slices.Run)."""
 
 from __future__ import annotations
 
 import datetime
-import json
+import importlib.util
+import sys
 import time
 from pathlib import Path
 
-# as plugins/callback/fleet_account.py (a unit test keeps them equal; that module needs Ansible, this not)
-ATTENTION = ("failed", "unreachable", "parked", "refused", "deferred", "skipped")
-ORDER = (
-    "unreachable",
-    "failed",
-    "parked",
-    "refused",
-    "deferred",
-    "skipped",
-    "pending roll",
-    "rolled",
-    "changed",
-    "converged",
-)
+
+def _shared():
+    """The account's one copy (verdict order, printed lines, files), shared with the callback
+    hami.node.fleet_account: plugins/module_utils/_fleet_account.py, loaded by its path (both ship in the
+    collection) - importing it the collection's way would need Ansible."""
+    name = "hami_node_fleet_account"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "_fleet_account.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+fleet_account = _shared()
+ATTENTION = fleet_account.ATTENTION
+ORDER = fleet_account.ORDER
+# a pending roll left in the merged account was never rolled: it needs a rerun
+NEEDS_RERUN = ATTENTION + ("pending roll",)
 
 
 def missing(run) -> str:
@@ -88,8 +96,7 @@ def merge(slices: list, final, started: float, carrier: str = "") -> dict:
         "settings": last.get("settings", {}),
         "roll": (final.account() or {}).get("roll", {}) if final is not None else {},
         "summary": {k: counts[k] for k in ORDER if k in counts},
-        # a pending roll left in the merged account was never rolled: it needs a rerun
-        "needs_attention": sorted(n for n, v in nodes.items() if v["state"] in ATTENTION + ("pending roll",)),
+        "needs_attention": sorted(n for n, v in nodes.items() if v["state"] in NEEDS_RERUN),
         "nodes": dict(sorted(nodes.items())),
         "slices": [r.summary() for r in slices] + ([final.summary()] if final is not None else []),
     }
@@ -104,62 +111,15 @@ def exit_code(doc: dict) -> int:
     return 0
 
 
-def _clip(text, limit):
-    text = " ".join(str(text or "").split())
-    if len(text) <= limit:
-        return text
-    head = limit // 3
-    return text[:head] + " ... " + text[-(limit - head - 5) :]
-
-
-def describe(v: dict) -> str:
-    """One line of the printed account, as fleet_account's describe()."""
-    state = v["state"]
-    if state == "rolled":
-        text = "batch %s: %s" % (v.get("batch", "?"), v.get("detail") or "changed inside a window")
-    elif state in ("failed", "unreachable"):
-        where = " / ".join(x for x in (v.get("play"), v.get("task")) if x)
-        text = "%s%s" % (("[%s] " % where) if where else "", v.get("detail", ""))
-    elif state == "parked":
-        text = "gate %s failed: %s (runbook %s)" % (
-            v.get("gate", "?"),
-            v.get("detail", ""),
-            v.get("runbook", "-"),
-        )
-    elif state in ("refused", "deferred", "skipped", "pending roll"):
-        text = v.get("detail", "")
-    elif state == "changed":
-        text = "%d task(s) changed: %s" % (v.get("changed_tasks", 0), "; ".join(v.get("changed", [])))
-    else:
-        text = v.get("detail") or "nothing to change"
-    return _clip(text, 300)
-
-
 def render(doc: dict) -> list[str]:
     """The printed account: fleet_account's lines, each with the slice that ran the node."""
-    lines = []
-    width = max([len(n) for n in doc["nodes"]] + [4])
-    for name, v in sorted(
-        doc["nodes"].items(),
-        key=lambda kv: (ORDER.index(kv[1]["state"]) if kv[1]["state"] in ORDER else 99, kv[0]),
-    ):
-        label = v["state"].upper() if v["state"] in ATTENTION + ("pending roll",) else v["state"]
-        lines.append("%-*s  %-11s [slice %s] %s" % (width, name, label, v.get("slice", "?"), describe(v)))
-    for code, message in sorted((doc.get("findings") or {}).items()):
-        lines.append("%-*s  %-11s %s" % (width, "(cluster)", code, _clip(message, 300)))
-    summary = ", ".join("%s %d" % kv for kv in doc["summary"].items()) or "no hosts"
-    findings = len(doc.get("findings") or {})
-    about = ("; %d finding(s) about the cluster" % findings) if findings else ""
-    lines.append("summary: %s; %d node(s) need attention%s" % (summary, len(doc["needs_attention"]), about))
-    return lines
+    return fleet_account.render(doc, loud=NEEDS_RERUN, prefix=lambda v: "[slice %s] " % v.get("slice", "?"))
 
 
 def write(doc: dict, run_dir: Path) -> Path:
     """Beside the rollout report when the run names one (site_rollout_report_dir), else in the run dir."""
     where = Path(doc["report_dir"]) if doc["report_dir"] else run_dir
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "_account.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    (where / "_needs-attention.txt").write_text("".join(f"{n}\n" for n in doc["needs_attention"]))
+    fleet_account.write(doc, str(where))
     if where != run_dir:
-        (run_dir / "_account.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        (run_dir / fleet_account.ACCOUNT_FILE).write_text(fleet_account.dumps(doc))
     return where

@@ -58,12 +58,13 @@ options:
     description: Seconds each command (venv, pip, version check) may take.
     type: float
     default: 600
+extends_documentation_fragment:
+  - hami.node.attributes
 attributes:
   check_mode:
-    description: Reports whether an install would run, and runs nothing.
     support: full
+    details: Reports whether an install would run, and runs nothing.
   diff_mode:
-    description: No diff.
     support: none
 seealso:
   - module: ansible.builtin.copy

@@ -56,14 +56,15 @@ options:
     type: int
     default: 300
 extends_documentation_fragment:
+  - hami.node.attributes
   - hami.node.k8s
 attributes:
   check_mode:
-    description: Decides and reports the change, but sends no patch.
     support: full
+    details: Decides and reports the change, but sends no patch.
   diff_mode:
-    description: Shows the node's C(hami.io/*) annotations before and after.
     support: full
+    details: Shows the node's C(hami.io/*) annotations before and after.
 """
 
 EXAMPLES = r"""

@@ -105,13 +105,13 @@ options:
     type: str
     default: ""
 extends_documentation_fragment:
+  - hami.node.attributes
   - hami.node.k8s
 attributes:
   check_mode:
-    description: Classifies the pods, reports the cordon and the evictions it would make, and writes nothing.
     support: full
+    details: Classifies the pods, reports the cordon and the evictions it would make, and writes nothing.
   diff_mode:
-    description: Not supported.
     support: none
 notes:
   - The kubeconfig needs get/patch on nodes, list on pods, create on pods/eviction and create on events.

@@ -104,14 +104,9 @@ options:
     type: int
     default: 0
 extends_documentation_fragment:
+  - hami.node.attributes
+  - hami.node.attributes.read_only
   - hami.node.k8s
-attributes:
-  check_mode:
-    description: The module only reads.
-    support: full
-  diff_mode:
-    description: Not supported.
-    support: none
 notes:
   - The kubeconfig needs list on nodes, pods and poddisruptionbudgets.
 seealso:

@@ -79,14 +79,15 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - hami.node.attributes
   - ansible.builtin.files
 attributes:
   check_mode:
-    description: Computes the new content and changes nothing.
     support: full
+    details: Computes the new content and changes nothing.
   diff_mode:
-    description: Text diff of the config file and of any flag file it would change.
     support: full
+    details: Text diff of the config file and of any flag file it would change.
 notes:
   - The top-level key C(verbosity), as in seed 003's file, is not a KubeletConfiguration field. The
     kubelet ignores it. The module warns and points to C(logging.verbosity).

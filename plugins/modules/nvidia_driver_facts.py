@@ -63,13 +63,9 @@ options:
     type: list
     elements: dict
     default: []
-attributes:
-  check_mode:
-    description: Read-only; runs the same in check mode.
-    support: full
-  diff_mode:
-    description: Nothing changes, so there is nothing to diff.
-    support: none
+extends_documentation_fragment:
+  - hami.node.attributes
+  - hami.node.attributes.read_only
 notes:
   - The role keeps one copy of the NVML probe (C(files/nvml_probe.py)) and passes its source in O(nvml_probe).
 seealso:

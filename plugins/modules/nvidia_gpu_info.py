@@ -50,13 +50,10 @@ options:
       - Fail instead of returning RV(nvml_hang_suspected=true) when C(nvidia-smi) does not answer in time.
     type: bool
     default: false
+extends_documentation_fragment:
+  - hami.node.attributes
+  - hami.node.attributes.read_only
 attributes:
-  check_mode:
-    description: Read-only; runs the same in check mode.
-    support: full
-  diff_mode:
-    description: Nothing changes, so there is nothing to diff.
-    support: none
   facts:
     description: Sets C(ansible_facts.nvidia).
     support: full

@@ -96,13 +96,15 @@ options:
     description: Seconds each C(nvidia-smi) call may take before an NVML hang is assumed.
     type: float
     default: 60
+extends_documentation_fragment:
+  - hami.node.attributes
 attributes:
   check_mode:
-    description: Reports the planned actions and runs no changing command.
     support: full
+    details: Reports the planned actions and runs no changing command.
   diff_mode:
-    description: Shows the per-GPU MIG mode and profile counts before and after.
     support: full
+    details: Shows the per-GPU MIG mode and profile counts before and after.
 notes:
   - MIG mode persists across reboots, but GPU-instance geometry does not. Run this module, or
     nvidia-mig-manager, at every boot to restore the layout.

@@ -61,13 +61,15 @@ options:
     description: Seconds each control command, and the daemon start or stop, may take.
     type: float
     default: 30
+extends_documentation_fragment:
+  - hami.node.attributes
 attributes:
   check_mode:
-    description: Reports what would change and runs no changing command.
     support: full
+    details: Reports what would change and runs no changing command.
   diff_mode:
-    description: Shows the daemon state and limits before and after.
     support: full
+    details: Shows the daemon state and limits before and after.
 notes:
   - MPS and MIG do not mix on one GPU.
   - Neither the NVIDIA nor the HAMi device plugin shares MIG devices through MPS.

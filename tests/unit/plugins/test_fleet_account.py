@@ -1,11 +1,15 @@
-"""The per-node account (plugins/callback/fleet_account.py) from a run's events: the verdict of each host
+"""The per-node account (plugins/module_utils/_fleet_account.py, printed and written by the callback
+plugins/callback/fleet_account.py) from a run's events: the verdict of each host
 (facts site.yml states, failures nobody rescued, unreachable hosts, nodes the roll never reached), the
 summary, the hosts that need attention, and the printed lines."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from ansible_collections.hami.node.plugins.callback import fleet_account as fa
+from ansible_collections.hami.node.plugins.callback import fleet_account as callback
+from ansible_collections.hami.node.plugins.module_utils import _fleet_account as fa
 
 pytestmark = pytest.mark.unit
 
@@ -155,5 +159,17 @@ def test_account_file_default_is_no_file() -> None:
     # nowhere (a directory) instead of beside the rollout report. The option must be a plain string.
     import yaml
 
-    opts = yaml.safe_load(fa.DOCUMENTATION)["options"]
+    opts = yaml.safe_load(callback.DOCUMENTATION)["options"]
     assert opts["account_file"]["type"] == "str" and opts["account_file"]["default"] == ""
+
+
+def test_the_files_hold_the_account_and_the_hosts_to_rerun(tmp_path) -> None:
+    a = account()
+    a.ok("fine", {}, False)
+    a.failed("sick", {"msg": "boom"}, False)
+    a.unreachable_("gone", {"msg": "ssh: no route"})
+    doc = a.result()
+    fa.write(doc, str(tmp_path / "new"))
+    assert json.loads((tmp_path / "new" / "_account.json").read_text()) == doc
+    assert (tmp_path / "new" / "_account.json").read_text() == fa.dumps(doc)
+    assert (tmp_path / "new" / "_needs-attention.txt").read_text() == "gone\nsick\n"  # --limit @FILE

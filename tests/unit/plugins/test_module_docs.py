@@ -2,17 +2,22 @@
 
 For every module: DOCUMENTATION / EXAMPLES / RETURN parse as YAML; documented options match the
 argument_spec (names, types, defaults, choices, required, suboptions); examples use FQCNs and valid
-option names; check-mode support is declared and matches supports_check_mode.
+option names; check-mode support is declared and matches supports_check_mode; the meaning of check and
+diff mode comes from the one fragment hami.node.attributes. Documentation fragments are merged by
+Ansible's own code (ansible.utils.plugin_docs.add_fragments), as ansible-doc merges them.
 """
 
 from __future__ import annotations
 
 import importlib
+import types
 from unittest import mock
 
 import pytest
 import yaml
 from ansible.module_utils import basic
+from ansible.plugins.loader import fragment_loader
+from ansible.utils.plugin_docs import add_fragments
 
 pytestmark = pytest.mark.unit
 
@@ -47,17 +52,37 @@ def argspec(mod) -> dict:
     return captured
 
 
-def documented_options(doc: dict) -> dict:
-    """The module's options with those of its hami.node documentation fragments (as ansible-doc shows)."""
-    options = dict(doc.get("options") or {})
-    for frag in doc.get("extends_documentation_fragment") or []:
-        if frag.startswith("hami.node."):
-            mod = importlib.import_module("ansible_collections.hami.node.plugins.doc_fragments.%s"
-                                          % frag.split(".")[-1])
-            fragment = yaml.safe_load(mod.ModuleDocFragment.DOCUMENTATION).get("options") or {}
-            for name, opt in fragment.items():
-                options.setdefault(name, opt)
-    return options
+class _Fragments:
+    """The fragment loader add_fragments asks: hami.node's fragments imported from this checkout (Ansible's
+    loader finds collection content only once its collection finder is installed, which these tests do not
+    do), Ansible's own (ansible.builtin.files) from Ansible's loader."""
+
+    def get(self, name: str):
+        if name.startswith("ansible.builtin."):
+            return fragment_loader.get(name[len("ansible.builtin."):])
+        if not name.startswith("hami.node."):
+            return None
+        try:
+            mod = importlib.import_module("ansible_collections.hami.node.plugins.doc_fragments."
+                                          + name[len("hami.node."):])
+        except ImportError:
+            return None  # add_fragments then reads "hami.node.<fragment>.<variable>"
+        texts = {k: v for k, v in vars(mod.ModuleDocFragment).items() if k.isupper()}
+        return types.SimpleNamespace(ansible_name=name, **texts)
+
+
+def rendered(mod) -> dict:
+    """The module's documentation with its fragments merged, as ansible-doc shows it."""
+    doc = yaml.safe_load(mod.DOCUMENTATION)
+    add_fragments(doc, mod.__file__, _Fragments(), is_module=True)
+    return doc
+
+
+def documented_options(mod, file_common: bool = False) -> dict:
+    """The module's options with those of its documentation fragments, less the file options
+    ``add_file_common_args`` brings (not in the module's argument_spec)."""
+    options = dict(rendered(mod).get("options") or {})
+    return {k: v for k, v in options.items() if not (file_common and k in FILE_COMMON)}
 
 
 def compare(doc_opts: dict, spec: dict, where: str) -> list[str]:
@@ -94,22 +119,33 @@ def test_docs_match_argument_spec(name):
     yaml.safe_load(mod.RETURN)
     assert doc["module"] == name and doc["short_description"] and len(doc["short_description"]) <= 110
     spec = argspec(mod)
-    options = documented_options(doc)
-    if spec.get("add_file_common_args"):
+    file_common = bool(spec.get("add_file_common_args"))
+    if file_common:
         assert "ansible.builtin.files" in doc.get("extends_documentation_fragment", [])
         for opt in FILE_COMMON:
             spec["argument_spec"].pop(opt, None)
-    assert compare(options, spec["argument_spec"], name) == []
-    assert doc["attributes"]["check_mode"]["support"] == (
-        "full" if spec.get("supports_check_mode") else "none"
-    )
-    assert doc["attributes"]["diff_mode"]["support"] in ("full", "none")
+    assert compare(documented_options(mod, file_common), spec["argument_spec"], name) == []
+    attributes = rendered(mod)["attributes"]
+    assert attributes["check_mode"]["support"] == ("full" if spec.get("supports_check_mode") else "none")
+    assert attributes["diff_mode"]["support"] in ("full", "none")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_check_and_diff_mode_are_explained_once(name):
+    """The words for check and diff mode are the fragment's; a module states its support and details."""
+    mod = importlib.import_module("ansible_collections.hami.node.plugins.modules.%s" % name)
+    doc = yaml.safe_load(mod.DOCUMENTATION)
+    assert "hami.node.attributes" in doc["extends_documentation_fragment"]
+    for attr in ("check_mode", "diff_mode"):
+        assert "description" not in (doc.get("attributes") or {}).get(attr, {}), (name, attr)
+        merged = rendered(mod)["attributes"][attr]
+        assert merged["description"] and merged["support"], (name, attr, merged)
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_examples_use_fqcn_and_known_options(name):
     mod = importlib.import_module("ansible_collections.hami.node.plugins.modules.%s" % name)
-    options = set(documented_options(yaml.safe_load(mod.DOCUMENTATION)))
+    options = set(documented_options(mod))
     tasks = yaml.safe_load(mod.EXAMPLES)
     used = [t for t in tasks if "hami.node.%s" % name in t]
     assert used, "no example calls hami.node.%s" % name

@@ -123,13 +123,34 @@ def test_partition_is_round_robin_in_inventory_order_and_drops_empty_slices() ->
     assert slices.partition([], 4) == []
 
 
+def test_the_tool_uses_the_callbacks_account_without_ansible() -> None:
+    """One copy of the account (plugins/module_utils/_fleet_account.py) for the callback and the tool; the
+    tool loads it by its path, so a controller without Ansible's Python package runs it (a fresh process:
+    this one has imported Ansible)."""
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import site_slices_account as a; "
+        "print(a.fleet_account.__file__); print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('ansible', 'ansible_collections')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(REPO / "tools")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert Path(out[0]) == REPO / "plugins" / "module_utils" / "_fleet_account.py"
+    assert out[1] == "[]"
+
+
 def test_states_and_lines_match_the_callback() -> None:
     from tests.unit.plugins.collection_path import install
 
     install()
     from ansible_collections.hami.node.plugins.callback import fleet_account as fa
+    from ansible_collections.hami.node.plugins.module_utils import _fleet_account as shared
 
-    assert account.ATTENTION == fa.ATTENTION and account.ORDER == fa.ORDER
+    assert fa.render is shared.render and account.ORDER == shared.ORDER
     doc = {
         "findings": {"X": "y"},
         "summary": {"failed": 1, "pending roll": 1, "changed": 1},
