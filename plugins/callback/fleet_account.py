@@ -95,7 +95,7 @@ class CallbackModule(CallbackBase):
         self.account.skipped(result._host.get_name())
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
-        self.account.failed(result._host.get_name(), result._result, ignore_errors)
+        self.account.failed(result._host.get_name(), result._result, ignore_errors, _rescued(result._task))
 
     def v2_runner_on_unreachable(self, result):
         self.account.unreachable_(result._host.get_name(), result._result)
@@ -139,3 +139,22 @@ class CallbackModule(CallbackBase):
                                   % (where, exc))
             return ""
         return where
+
+
+def _rescued(task):
+    """Whether a block's ``rescue`` handles this task's failure: the task (or a block, include or import
+    holding it) is in the ``block`` part of a block that has a ``rescue`` (the strategy's
+    ``is_any_block_rescuing``, read from the task's parents: the callback does not see the iterator).
+    Compared by ``_uuid``: the task a result carries is a copy."""
+    node = task
+    parent = getattr(task, "_parent", None)
+    for _depth in range(64):  # bounded: parents form a short chain
+        if parent is None:
+            return False
+        if getattr(parent, "rescue", None) and any(
+            getattr(child, "_uuid", None) == getattr(node, "_uuid", object()) for child in parent.block or ()
+        ):
+            return True
+        node, parent = parent, getattr(parent, "_parent", None)
+    return False
+

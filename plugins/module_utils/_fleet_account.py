@@ -51,7 +51,8 @@ class HostRecord:
 
     def __init__(self):
         self.facts = {}  # the site_account fact, merged in order
-        self.failure = None  # first failure nobody ignored: {play, task, msg}
+        self.failure = None  # first failure nobody ignored or rescued: {play, task, msg}
+        self.rescued = None  # first failure a block's rescue handled (only its message is used)
         self.unreachable = None  # {play, task, msg}
         self.reached_after = False  # a result came back after the host was unreachable
         self.tasks = 0
@@ -107,16 +108,22 @@ class Account:
         rec.seen(self.clock())
         rec.tasks += 1
 
-    def failed(self, host, result, ignored):
+    def failed(self, host, result, ignored, rescued=False):
+        """``rescued``: the task sits in a block whose ``rescue`` handles it (Ansible's recap counts it as
+        rescued, not failed): the host is not failed for it; site.yml's rescues record their own verdict."""
         rec = self._host(host)
         rec.seen(self.clock())
         rec.tasks += 1
         # site.yml's last play fails the hosts (and the run) that need attention: the account's own verdict,
         # not an event of the run
-        if ignored or rec.failure is not None or self.task.startswith(ACCOUNT_TASKS):
+        if ignored or self.task.startswith(ACCOUNT_TASKS):
             return
         msg = result.get("msg") or result.get("stderr") or result.get("reason") or "failed"
-        rec.failure = {"play": self.play, "task": self.task, "msg": clip(msg)}
+        failure = {"play": self.play, "task": self.task, "msg": clip(msg)}
+        if rescued:
+            rec.rescued = rec.rescued or failure
+        elif rec.failure is None:
+            rec.failure = failure
 
     def unreachable_(self, host, result):
         rec = self._host(host)
@@ -162,9 +169,10 @@ class Account:
                 )
             else:
                 facts["state"] = "changed" if rec.changed else "converged"
-        if facts["state"] in ("failed", "parked") and not facts.get("detail") and rec.failure is not None:
-            facts.setdefault("task", rec.failure["task"])
-            facts["detail"] = rec.failure["msg"]
+        cause = rec.failure or rec.rescued  # a recorded verdict without a message takes the failure's
+        if facts["state"] in ("failed", "parked") and not facts.get("detail") and cause is not None:
+            facts.setdefault("task", cause["task"])
+            facts["detail"] = cause["msg"]
         facts["changed_tasks"] = len(rec.changed)
         if rec.changed and facts["state"] in ("changed", "rolled"):
             facts["changed"] = list(dict.fromkeys(rec.changed))[:8]

@@ -173,3 +173,16 @@ def test_the_files_hold_the_account_and_the_hosts_to_rerun(tmp_path) -> None:
     assert json.loads((tmp_path / "new" / "_account.json").read_text()) == doc
     assert (tmp_path / "new" / "_account.json").read_text() == fa.dumps(doc)
     assert (tmp_path / "new" / "_needs-attention.txt").read_text() == "gone\nsick\n"  # --limit @FILE
+
+
+def test_a_rescued_failure_is_not_a_failure_but_gives_a_recorded_verdict_its_message() -> None:
+    a = account()
+    a.play, a.task = "Plan", "kubelet : Plan"
+    a.failed("n1", {"msg": "rescued error"}, False, rescued=True)
+    a.ok("n1", {}, False)
+    a.failed("n2", {"msg": "parse error"}, False, rescued=True)
+    a.ok("n2", {"ansible_facts": {"site_account": {"state": "failed", "play": "plan"}}}, False)
+    doc = a.result()
+    assert doc["nodes"]["n1"]["state"] == "converged"
+    assert doc["nodes"]["n2"]["state"] == "failed" and doc["nodes"]["n2"]["detail"] == "parse error"
+    assert doc["needs_attention"] == ["n2"]
