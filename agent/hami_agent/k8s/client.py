@@ -285,15 +285,36 @@ class KubeClient:
     # -- transport
     def _send(self, method: str, path: str, query: dict[str, str] | None, body: Any, *,
               content_type: str | None, timeout: tuple[float, float]) -> Any:
-        headers = {"Accept": "application/json"}
+        """One request on the ``kubernetes`` client's connection pool (its TLS, client certificate and
+        proxy settings) with its bearer token (``auth_settings()`` runs the token refresh hook), without
+        its generic request building: ``param_serialize`` + ``call_api`` (recursive sanitizing, header
+        tuples, content-type dispatch) cost ~0.3 ms CPU per call, a third of a pod write's cost on the
+        extender (issue 31). The request is the same: URL and query quoted as its
+        ``parameters_to_url_query`` does, JSON body, its default headers (User-Agent)."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.rest import RESTResponse
+
+        api = self._api
+        cfg = api.configuration
+        headers = {"Accept": "application/json", **api.default_headers}
         if content_type:
             headers["Content-Type"] = content_type
         elif body is not None:
             headers["Content-Type"] = "application/json"
-        req = self._api.param_serialize(method=method, resource_path=path,
-                                        query_params=list((query or {}).items()),
-                                        header_params=headers, body=body, auth_settings=["BearerToken"])
-        return self._api.call_api(req[0], req[1], header_params=req[2], body=req[3], _request_timeout=timeout)
+        token = cfg.auth_settings().get("BearerToken")
+        if token and token.get("value"):
+            headers[token["key"]] = token["value"]
+        url = cfg.host + path
+        if query:
+            url += "?" + "&".join(f"{k}={quote(str(v))}" for k, v in query.items())
+        try:
+            r = api.rest_client.pool_manager.request(
+                method, url, body=None if body is None else json.dumps(body), headers=headers,
+                timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]), preload_content=False)
+        except urllib3.exceptions.SSLError as e:  # as the kubernetes client reports it
+            raise ApiException(status=0, reason=f"{type(e).__name__}\n{e}") from e
+        return RESTResponse(r)
 
     def _timeouts(self, timeout_s: float | None) -> tuple[float, float]:
         t = timeout_s if timeout_s is not None else self.timeout_s

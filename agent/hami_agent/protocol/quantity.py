@@ -35,6 +35,8 @@ def parse_quantity(value: object, what: str = "quantity") -> Fraction:
         raise ProtocolError(f"{what}: {value!r} is not a quantity")
     if len(value) > 64:  # real quantities are short; also avoids Python's int-conversion digit limit
         raise ProtocolError(f"{what}: {value[:64]!r}... is too long for a Kubernetes quantity")
+    if value.isdigit() and value.isascii():  # the common "4096": a plain integer, no regex or suffix
+        return Fraction(int(value))
     m = _QUANTITY_RE.match(value.strip())
     if not m:
         raise ProtocolError(f"{what}: {value!r} is not a Kubernetes quantity (e.g. 2, 20k, 1Gi)")
@@ -52,6 +54,8 @@ def parse_quantity(value: object, what: str = "quantity") -> Fraction:
 
 def quantity_as_int64(value: object, what: str = "quantity") -> int | None:
     """``Quantity.AsInt64``: the integer value, or None when it is fractional or overflows int64."""
+    if isinstance(value, str) and len(value) <= 18 and value.isdigit() and value.isascii():
+        return int(value)  # the common case on every pod event: below 10**18, so within int64
     q = parse_quantity(value, what)
     if q.denominator != 1 or not -(2**63) <= q.numerator <= INT64_MAX:
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -54,6 +55,7 @@ class ClusterSync:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._dirty: set[str] = set()  # nodes with an event since the register loop's last pass
         self._thread: threading.Thread | None = None
         self.node_informer: Any = None
         self.pod_informer: Any = None
@@ -142,22 +144,27 @@ class ClusterSync:
         if self.on_node_seen is not None:
             self.on_node_seen(node)
         with self._lock:
-            if name in self.dropped:
+            self._dirty.add(name)
+            self._register(name, node)
+        self._wake.set()  # a node event triggers the register loop for this node (HAMi: on node add)
+
+    def _register(self, name: str, node: dict) -> None:
+        """The node's GPUs into the cache when its register annotation changed (caller holds the lock)."""
+        if name in self.dropped:
+            return
+        raw = annotations(node).get(keys.NODE_REGISTER) or ""
+        if raw != self._last_register.get(name):
+            devs = without_dra_managed(name, node_devices(node), self.dra)
+            self._last_register[name] = raw
+            if not devs:
+                if self.cache.remove_node(name):
+                    logger.info("node %s: no GPUs registered (%s); removed from the cache", name,
+                                keys.NODE_REGISTER)
                 return
-            raw = annotations(node).get(keys.NODE_REGISTER) or ""
-            if raw != self._last_register.get(name):
-                devs = without_dra_managed(name, node_devices(node), self.dra)
-                self._last_register[name] = raw
-                if not devs:
-                    if self.cache.remove_node(name):
-                        logger.info("node %s: no GPUs registered (%s); removed from the cache", name,
-                                    keys.NODE_REGISTER)
-                    return
-                self.cache.set_node(name, devs, node_extras(node), mig_capacity(devs))
-                log.v(logger, 4, "node %s: %d GPUs registered", name, len(devs))
-            else:
-                self.cache.set_node_extras(name, node_extras(node))
-        self._wake.set()  # a node event triggers the register loop (HAMi: on node add)
+            self.cache.set_node(name, devs, node_extras(node), mig_capacity(devs))
+            log.v(logger, 4, "node %s: %d GPUs registered", name, len(devs))
+        else:
+            self.cache.set_node_extras(name, node_extras(node))
 
     def on_node_delete(self, node: dict) -> None:
         name = (node.get("metadata") or {}).get("name")
@@ -169,13 +176,16 @@ class ClusterSync:
             self.tracker.forget(name)
             self.cache.remove_node(name)
 
-    def check_nodes(self) -> None:
-        """One pass of the register loop: handshake rules for every node with a register annotation."""
-        if self.node_informer is None:
+    def check_nodes(self, only: set[str] | None = None) -> None:
+        """One pass of the register loop: handshake rules for every node with a register annotation
+        (``only``: for these nodes alone, those an event changed)."""
+        inf = self.node_informer
+        if inf is None:
             return
         leader = self.is_leader()
         now = self.now()
-        for node in self.node_informer.list():
+        nodes = inf.list() if only is None else [n for n in (inf.get(None, x) for x in sorted(only)) if n]
+        for node in nodes:
             name = (node.get("metadata") or {}).get("name")
             if not name or not annotations(node).get(keys.NODE_REGISTER):
                 continue
@@ -209,13 +219,22 @@ class ClusterSync:
         return allocatable_gpus(node, self.names.resource_count_name) == 0
 
     def _loop(self) -> None:
+        """Every node each ``interval_s`` (the handshake's timeouts); between, only the nodes an event
+        changed: a pass over every node on each node event (two per pod: the node lock taken and
+        released) made the extender's CPU per pod grow with the cluster (issue 31)."""
+        next_full = 0.0
         while not self._stop.is_set():
+            full = time.monotonic() >= next_full
+            with self._lock:
+                dirty, self._dirty = self._dirty, set()
             try:
-                self.check_nodes()
+                self.check_nodes(None if full else dirty)
             except Exception:
                 logger.exception("register loop pass failed")
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            if full:
+                next_full = time.monotonic() + self.interval_s
+            self._wake.wait(max(0.0, next_full - time.monotonic()))
+            self._wake.clear()  # before the next swap: an event after this wakes the loop again
 
     # ------------------------------------------------------------------------------------- pods
     def on_pod(self, pod: dict) -> None:
