@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +159,8 @@ class Extender:
             cache, self.holds, rclient=self.rclient, wclient=self.wclient, gate=self.gate, writer=self.writer,
             events=events, metrics=metrics, scheduler_name=self.config.scheduler_name,
         ) if self.config.preemption == "extender" else None
+        if self.preemption is not None:  # the dry run keeps to the namespace quota as /filter does
+            self.preemption.quota = lambda ns, held: self._budget(ns, self._quota_limits(ns), held)
 
     def _preemptor_bound(self, b: BindArgs) -> None:
         """A preemptor bound on the node it held: how long it waited
@@ -244,7 +247,7 @@ class Extender:
         with self.cache.lock:
             prev = None if simulate else self.cache.exclude(uid)  # a retry must not count the pod twice
             # budget under the lock: concurrent filters of one namespace must see each other's pods
-            quota = self._budget(ns, limits)
+            quota = self._budget(ns, limits, held)
             if simulate:
                 dec = self.cache.simulate(given, preq, ctx, quota)
             else:
@@ -475,7 +478,11 @@ class Extender:
             out.append((name, devs, node_extras(n), mig_capacity(devs or [])))
         return out
 
-    def _budget(self, ns: str, limits: tuple[int | None, int | None] | None) -> QuotaBudget | None:
+    def _budget(self, ns: str, limits: tuple[int | None, int | None] | None,
+                held: Mapping[str, Sequence[PodUsage]] | None = None) -> QuotaBudget | None:
+        """Room left in the namespace's GPU quota. ``held``: the preemption holds that count for the pod
+        (``Holds.against``); those of its namespace use its quota too, so that quota a preemption frees is
+        not taken by a lower-priority pod of the namespace on another node."""
         if limits is None:
             return None
         mem_limit, cores_limit = limits
@@ -485,6 +492,11 @@ class Extender:
             # the ResourceQuota in the pod's units, so the limit is scaled the same way
             mem_limit *= factor
         used_mem, used_cores = self.cache.namespace_usage(ns)
+        for usages in (held or {}).values():
+            for u in usages:
+                if u.namespace == ns:
+                    used_mem += sum(a.mem for a in u.devices.values())
+                    used_cores += sum(a.cores for a in u.devices.values())
         return QuotaBudget(None if mem_limit is None else mem_limit - used_mem,
                            None if cores_limit is None else cores_limit - used_cores)
 
