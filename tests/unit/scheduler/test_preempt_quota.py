@@ -61,7 +61,7 @@ def test_no_lower_priority_pod_of_the_namespace_means_no_preemption():
     st = node(pods)
     quota = pre.Quota("team", QuotaBudget(mem_left=2000))
     args = ({"n1": st}, {"n1": pods}, ["n1"], preq(req(mem=8000)), CTX, 1000, "PreemptLowerPriority")
-    assert pre.preempt(*args) is None
+    assert pre.preempt(*args, quota=quota) is None
     assert uids(pre.preempt(*args, quota=pre.Quota("team", QuotaBudget(mem_left=20000)))) is None  # fits
 
 

@@ -35,6 +35,7 @@ from hami_agent import log
 from hami_agent.httpserve import HTTPError
 from hami_agent.k8s.errors import KubeError, NotFoundError
 from hami_agent.protocol import keys
+from hami_agent.protocol.devices import MigPlacement
 from hami_agent.protocol.timefmt import format_rfc3339, parse_rfc3339
 from hami_agent.scheduler.core import preempt as pre
 from hami_agent.scheduler.core.fit import PodContext, QuotaBudget, pod_context
@@ -63,19 +64,35 @@ def waiting_reason(hold: Hold) -> str:
 
 def hold_annotation(hold: Hold, now_wall: float, now_mono: float) -> str:
     """``hami.io/preemption-hold``: what a new leader needs to hold the same capacity (``rebuild_holds``) and
-    an operator to read: node, devices, per device [slots, MiB, cores], victim UIDs, priority, deadline."""
+    an operator to read: node, devices, per device [slots, MiB, cores], victim UIDs, priority, deadline;
+    and, only when the hold has them, its MIG parts: ``mig`` the static MIG resources as [profile, count]
+    pairs (``nvidia.com/mig-<profile>``), ``migPlacements`` the dynamic MIG placements per GPU as [start,
+    size] pairs (an annotation without them, as written before they existed, reads as none)."""
     deadline = datetime.fromtimestamp(now_wall + hold.deadline - now_mono, timezone.utc)
     usage = {u: [a.slots, a.mem, a.cores] for u, a in sorted(hold.usage.devices.items())}
-    return json.dumps({"node": hold.node, "devices": sorted(hold.usage.devices), "usage": usage,
-                       "victims": list(hold.victims), "priority": hold.priority,
-                       "deadline": format_rfc3339(deadline)}, sort_keys=True)
+    out: dict[str, Any] = {"node": hold.node, "devices": sorted(hold.usage.devices), "usage": usage,
+                           "victims": list(hold.victims), "priority": hold.priority,
+                           "deadline": format_rfc3339(deadline)}
+    if hold.usage.mig:
+        out["mig"] = [[p, n] for p, n in hold.usage.mig]
+    if hold.usage.mig_alloc:
+        out["migPlacements"] = {u: [[pl.start, pl.size] for pl in pls]
+                                for u, pls in sorted(hold.usage.mig_alloc.items())}
+    return json.dumps(out, sort_keys=True)
+
+
+def _hold_mig(h: dict) -> tuple[tuple[tuple[str, int], ...], dict[str, tuple[MigPlacement, ...]]]:
+    """The MIG parts of a parsed ``hami.io/preemption-hold``; none when absent (an older annotation)."""
+    mig = tuple((str(p), int(n)) for p, n in h.get("mig") or ())
+    placements = {str(u): tuple(MigPlacement(int(s), int(z)) for s, z in pls)
+                  for u, pls in (h.get("migPlacements") or {}).items()}
+    return mig, placements
 
 
 def rebuild_holds(holds: Holds, pending: list[dict], now_wall: float, now_mono: float) -> int:
     """A new leader's holds, from the ``hami.io/preemption-hold`` annotations of the pending pods (only the
     scheduler may write it: the admission policy). A malformed or expired one is skipped. Returns how many
-    were rebuilt. Static and dynamic MIG parts of a hold are not in the annotation: such holds come back
-    without them."""
+    were rebuilt, MIG parts included (``hold_annotation``)."""
     n = 0
     for pod in pending:
         raw = annotations(pod).get(keys.PREEMPTION_HOLD)
@@ -86,8 +103,9 @@ def rebuild_holds(holds: Holds, pending: list[dict], now_wall: float, now_mono: 
             h = json.loads(raw)
             left = parse_rfc3339(h["deadline"], "deadline").timestamp() - now_wall
             devices = {str(u): DeviceAmount(int(v[0]), int(v[1]), int(v[2])) for u, v in h["usage"].items()}
+            mig, placements = _hold_mig(h)
             usage = PodUsage(uid=uid, namespace=ns, name=name, node=str(h["node"]), devices=devices,
-                             **preemption_fields(pod))
+                             mig=mig, mig_alloc=placements, **preemption_fields(pod))
             hold = Hold(usage, tuple(str(v) for v in h["victims"]), now_mono + left)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             logger.warning("preemption: pod %s/%s: ignoring %s: %s", ns, name, keys.PREEMPTION_HOLD, exc)
