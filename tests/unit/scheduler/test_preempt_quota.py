@@ -90,3 +90,13 @@ def test_cores_quota_counts_too():
     rq = preq(req(mem=1000, cores=50))
     quota = pre.Quota("team", QuotaBudget(cores_left=40))
     assert uids(pre.select_victims_on_node(st, pods, rq, CTX, priority=10, quota=quota)) == {"mine"}
+
+
+def test_a_hold_uses_its_namespaces_quota():
+    """Quota a preemption frees stays with its preemptor: the holds that count for a pod add to the usage of
+    their own namespace only."""
+    from hami_agent.scheduler.state.holds import add_namespace_usage
+
+    held = {"n1": [pod("own", "team", 1000, 0, 8000, cores=30), pod("else", "other", 1000, 1, 4000)]}
+    assert add_namespace_usage(held, "team", 1000, 10) == (9000, 40)
+    assert add_namespace_usage(held, "third", 1000, 10) == (1000, 10)

@@ -1,7 +1,6 @@
 """/filter and /bind (Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``): what the extender may decide for, the
-cache decision, the
-pod's annotations and the read-back of writes whose answer was lost. HTTP-free: ``server`` maps routes
-onto these methods; ``binder`` does /bind.
+cache decision, the pod's annotations and the read-back of writes whose answer was lost. HTTP-free:
+``server`` maps routes onto these methods; ``binder`` does /bind.
 
 What /filter trusts (see docs/scheduler.md "What the extender trusts"): the request body names the pod
 (namespace, name, uid) and the candidate nodes; the pod's state comes from the extender's informer of
@@ -16,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,12 +157,9 @@ class Extender:
             cache, self.holds, rclient=self.rclient, wclient=self.wclient, gate=self.gate, writer=self.writer,
             events=events, metrics=metrics, scheduler_name=self.config.scheduler_name,
         ) if self.config.preemption == "extender" else None
-        if self.preemption is not None:  # the dry run keeps to the namespace quota as /filter does
-            self.preemption.quota = lambda ns, held: self._budget(ns, self._quota_limits(ns), held)
 
     def _preemptor_bound(self, b: BindArgs) -> None:
-        """A preemptor bound on the node it held: how long it waited
-        (``hami_scheduler_preemption_wait_seconds``)."""
+        """Observe a preemptor's wait on its held node (``hami_scheduler_preemption_wait_seconds``)."""
         waited = self.holds.waited(b.uid, b.node)
         if waited is not None and self.metrics is not None:
             self.metrics.preemption_wait.observe(waited)
@@ -463,8 +458,8 @@ class Extender:
             self.busy.settle(b.uid)
         return out
 
-    def _quota_budget(self, ns: str) -> QuotaBudget | None:
-        return self._budget(ns, self._quota_limits(ns))
+    def _quota_budget(self, ns: str, held: dict | None = None) -> QuotaBudget | None:
+        return self._budget(ns, self._quota_limits(ns), held)  # held: the holds that use the quota too
 
     @staticmethod
     def _given_nodes(nodes: dict) -> list[tuple[str, list | None, Any, dict[str, int]]]:
@@ -479,10 +474,7 @@ class Extender:
         return out
 
     def _budget(self, ns: str, limits: tuple[int | None, int | None] | None,
-                held: Mapping[str, Sequence[PodUsage]] | None = None) -> QuotaBudget | None:
-        """Room left in the namespace's GPU quota. ``held``: the preemption holds that count for the pod
-        (``Holds.against``); those of its namespace use its quota too, so that quota a preemption frees is
-        not taken by a lower-priority pod of the namespace on another node."""
+                held: dict | None = None) -> QuotaBudget | None:
         if limits is None:
             return None
         mem_limit, cores_limit = limits
@@ -492,11 +484,7 @@ class Extender:
             # the ResourceQuota in the pod's units, so the limit is scaled the same way
             mem_limit *= factor
         used_mem, used_cores = self.cache.namespace_usage(ns)
-        for usages in (held or {}).values():
-            for u in usages:
-                if u.namespace == ns:
-                    used_mem += sum(a.mem for a in u.devices.values())
-                    used_cores += sum(a.cores for a in u.devices.values())
+        used_mem, used_cores = holds_mod.add_namespace_usage(held or {}, ns, used_mem, used_cores)
         return QuotaBudget(None if mem_limit is None else mem_limit - used_mem,
                            None if cores_limit is None else cores_limit - used_cores)
 
