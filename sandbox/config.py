@@ -16,6 +16,10 @@ GPUSIM_DIR = REPO / "tests" / "gpusim"
 GPUSIM_LIB = GPUSIM_DIR / "build" / "libnvidia-ml.so.1"
 APT_REPO = Path(os.environ.get("HAMI_APT_REPO", REPO / "tests" / "images" / "build" / "apt-repo"))
 CONTAINER_LABEL = "io.hami-node.sandbox=1"
+# GPU preemption in the sandbox (demo step g): the extender's --preemption, as hami_scheduler_preemption in
+# inventories/sandbox/group_vars/all.yml sets it for the control node's unit (the host-mode extender and the
+# RBAC the simulated API server starts with follow this)
+SCHEDULER_PREEMPTION = "extender"
 
 
 class ConfigError(ValueError):
