@@ -41,13 +41,15 @@ class StepResult:
         return bool(self.checks) and all(ok for _n, ok, _d in self.checks)
 
 
-def _pod(name: str, prio: int, mem: int, cores: int, uuids: list[str], grace: int = 30) -> dict:
+def _pod(name: str, node: str, prio: int, mem: int, cores: int, uuids: list[str], grace: int = 30) -> dict:
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": str(cores)}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(LABEL),
                          # HAMi's GPU pin: these GPUs only (they are all on the A100 node)
                          "annotations": {keys.USE_GPUUUID: ",".join(uuids)}},
+            # the node too: gpusim gives the nodes of one profile the same GPU UUIDs
             "spec": {"schedulerName": "hami-scheduler", "priority": prio, "restartPolicy": "Never",
+                     "nodeSelector": {"kubernetes.io/hostname": node},
                      "terminationGracePeriodSeconds": grace,
                      "containers": [{"name": "main", "image": IMAGE, "resources": {"limits": limits}}]}}
 
@@ -123,7 +125,7 @@ def _steps(client: Any, node: str, timeout_s: float, grace_s: int, res: StepResu
     for i, d in enumerate(gpus):
         name = f"batch-{i}"
         free = d.devmem - used.get(d.id, none)[0]
-        client.create("pods", _pod(name, BATCH_PRIORITY, free, 0, [d.id], grace=grace_s), NAMESPACE)
+        client.create("pods", _pod(name, node, BATCH_PRIORITY, free, 0, [d.id], grace=grace_s), NAMESPACE)
         names.append(name)
         batch[name] = d.id
     end = time.monotonic() + timeout_s
@@ -137,7 +139,7 @@ def _steps(client: Any, node: str, timeout_s: float, grace_s: int, res: StepResu
                  f"{len(running)}/{len(batch)} Running"):
         return
     # the inference pod: may use any of those GPUs, fits none of them while the batch runs
-    inf = _pod("inference", INFERENCE_PRIORITY, INFERENCE_MEM, INFERENCE_CORES, list(batch.values()))
+    inf = _pod("inference", node, INFERENCE_PRIORITY, INFERENCE_MEM, INFERENCE_CORES, list(batch.values()))
     t0 = time.monotonic()
     client.create("pods", inf, NAMESPACE)
     names.append("inference")

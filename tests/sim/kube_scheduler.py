@@ -213,6 +213,10 @@ def tolerates(pod: dict, taint: dict) -> bool:
 
 def node_filter_reason(pod: dict, node: dict) -> str | None:
     """Why kube-scheduler's own filters drop ``node`` for ``pod`` (None: it passes)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    want = (pod.get("spec") or {}).get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in want.items()):  # NodeAffinity (spec.nodeSelector only)
+        return "node(s) didn't match Pod's node affinity/selector"
     if (node.get("spec") or {}).get("unschedulable") and not tolerates(pod, UNSCHEDULABLE_TAINT):
         return REASON_UNSCHEDULABLE
     taints = list((node.get("spec") or {}).get("taints") or [])

@@ -6,7 +6,9 @@ holds another pod, as after the demo's earlier steps."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -58,15 +60,26 @@ def test_the_preemption_step_passes_and_leaves_nothing_behind():
                                preempt_verb="preempt").start()
         try:
             assert app.extender.synced.wait(10)
-            api.create(gpu_node("gpu-a100", gpus=3, mem=81920, type_="NVIDIA A100-SXM4-80GB"))
-            api.create(gpu_node("gpu-other", gpus=2, mem=81920, type_="NVIDIA A100-SXM4-80GB"))
+            # two nodes with the SAME GPU UUIDs, as gpusim gives the sandbox's A100 nodes (the first full
+            # demo run put the inference pod on the other node): the step pins the node too
+            a100 = gpu_node("gpu-a100", gpus=3, mem=81920, type_="NVIDIA A100-SXM4-80GB")
+            other = copy.deepcopy(a100)
+            other["metadata"]["name"] = "gpu-other"
+            for n in (a100, other):
+                n["metadata"]["labels"]["kubernetes.io/hostname"] = n["metadata"]["name"]
+                api.create(n)
             with kubelet(api):
                 # an earlier step's pod holding 50 GiB of the node's first GPU: too little left for the
                 # inference pod there, so the batch leaves that GPU alone
                 earlier = gpu_pod("earlier", mem=51200)
                 earlier["metadata"]["annotations"]["nvidia.com/use-gpuuuid"] = "GPU-gpu-a100-0"
+                earlier["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-a100"}
                 api.create(earlier)
                 assert sim.wait_idle(15, expect_bound=1)
+                end = time.monotonic() + 10  # the allocation annotation follows the binding (device plugin)
+                while time.monotonic() < end and "hami.io/vgpu-devices-allocated" not in api.get(
+                        "Pod", "default", "earlier")["metadata"]["annotations"]:
+                    time.sleep(0.05)
                 lines: list[str] = []
                 result = preempt_step.run(client, "gpu-a100", say=lines.append, timeout_s=60, grace_s=1)
             assert result.ok, "\n".join([*(f"{n}: {ok} {d}" for n, ok, d in result.checks), *lines])
