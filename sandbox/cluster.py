@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox import identities, podman
-from sandbox.config import APT_REPO, GPUSIM_DIR, GPUSIM_LIB, IMAGE, REPO, SandboxConfig
+from sandbox.config import APT_REPO, GPUSIM_DIR, GPUSIM_LIB, IMAGE, REPO, SCHEDULER_PREEMPTION, SandboxConfig
 from sandbox.procs import ProcessManager
 
 logger = logging.getLogger("sandbox")
@@ -577,6 +577,8 @@ class Sandbox:
                         "2",
                         "--node-scheduler-policy",
                         "spread",
+                        "--preemption",
+                        SCHEDULER_PREEMPTION,
                     ],
                     env=_env(),
                     cwd=REPO,
@@ -602,6 +604,8 @@ class Sandbox:
                     "0.5",
                     "--max-backoff",
                     "4",
+                    # the role's KubeSchedulerConfiguration names the preemptVerb when preemption is on
+                    *(["--preempt-verb", "preempt"] if SCHEDULER_PREEMPTION != "off" else []),
                 ],
                 env=_env(),
                 cwd=REPO,

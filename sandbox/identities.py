@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sandbox.config import SCHEDULER_PREEMPTION
+
 ENV = "HAMI_SANDBOX_IDENTITIES"
 SA_NS = "kube-system"
 OPERATORS = "hami-operators"
@@ -53,7 +55,8 @@ def setup(api: Any, nodes: list[str], out_dir: Path) -> dict[str, str]:
     from tests.sim.apiserver_auth import user
     from tests.sim.role_manifests import rbac_manifests
 
-    api.apply(*rbac_manifests(nodes, namespace=SA_NS, hami_rbac_doctor_groups=[OPERATORS]))
+    api.apply(*rbac_manifests(nodes, namespace=SA_NS, hami_rbac_doctor_groups=[OPERATORS],
+                              hami_rbac_scheduler_preemption=SCHEDULER_PREEMPTION))
     out_dir.mkdir(parents=True, exist_ok=True)
     who = {"scheduler": api.auth.add_service_account(SA_NS, "hami-scheduler"),
            "operator": api.auth.add_user(user("sandbox-operator", OPERATORS))}

@@ -15,7 +15,8 @@ STEP_TITLES = {
     "d": "seed 003 replay",
     "e": "rollout of a driver pin change",
     "f": "DRA claims (hami-agent dra)",
-    "g": "report",
+    "g": "GPU preemption",
+    "h": "report",
 }
 
 

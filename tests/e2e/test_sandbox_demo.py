@@ -128,7 +128,8 @@ def check_rbac_granted_equals_used(audit: Path, nodes: list[str]) -> None:
 
     assert audit.exists(), f"{audit} missing: the API server did not write its audit log on exit"
     records = [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
-    docs = rbac_manifests(nodes, namespace=identities.SA_NS)
+    docs = rbac_manifests(nodes, namespace=identities.SA_NS,
+                          hami_rbac_scheduler_preemption=config.SCHEDULER_PREEMPTION)
     who = {"scheduler": service_account_user(identities.SA_NS, "hami-scheduler")}
     who |= {f"plugin-{n}": service_account_user(identities.SA_NS, f"hami-device-plugin-{n}") for n in nodes}
     problems = []

@@ -213,6 +213,10 @@ def tolerates(pod: dict, taint: dict) -> bool:
 
 def node_filter_reason(pod: dict, node: dict) -> str | None:
     """Why kube-scheduler's own filters drop ``node`` for ``pod`` (None: it passes)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    want = (pod.get("spec") or {}).get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in want.items()):  # NodeAffinity (spec.nodeSelector only)
+        return "node(s) didn't match Pod's node affinity/selector"
     if (node.get("spec") or {}).get("unschedulable") and not tolerates(pod, UNSCHEDULABLE_TAINT):
         return REASON_UNSCHEDULABLE
     taints = list((node.get("spec") or {}).get("taints") or [])
@@ -309,8 +313,12 @@ class KubeSchedulerSim:
                  unschedulable_flush_s: float = 30.0, backoff_flush_s: float | None = None,
                  http_timeout_s: float = 30.0, post_events: bool = True, max_binding: int = 256,
                  count_resource: str = "nvidia.com/gpu", dra: Any = None, preemption: bool = True,
-                 preempt_verb: str | None = None, preemption_offset: int = 0) -> None:
+                 preempt_verb: str | None = None, preemption_offset: int = 0,
+                 managed_resources: tuple[str, ...] = MANAGED_RESOURCES) -> None:
         self.client = client
+        # the extender's managedResources, all ignoredByScheduler (a cluster with static MIG resources behind
+        # the extender lists its nvidia.com/mig-<profile> names too)
+        self.managed_resources = managed_resources
         self.dra = dra  # tests/sim/dra_allocator.DraAllocator: pods with spec.resourceClaims
         self.extender_url = extender_url
         self.scheduler_name = scheduler_name
@@ -524,7 +532,7 @@ class KubeSchedulerSim:
         return pre.resource_fit(pod, node, held + nominated, self.checked_resources())
 
     def interested(self, pod: dict) -> bool:
-        return wants_extender(pod)
+        return wants_extender(pod, self.managed_resources)
 
     def post_extender(self, verb: str, body: Any) -> Any:
         ext = self._extender()
@@ -650,7 +658,7 @@ class KubeSchedulerSim:
             if qp is not None:
                 (self.queue.done if ok else self.queue.failed)(qp)
             return ok
-        use_extender = self.extender_url is not None and wants_extender(pod)
+        use_extender = self.extender_url is not None and wants_extender(pod, self.managed_resources)
         node = self._evaluate_nominated(pod, nodes, use_extender)
         statuses: dict[str, pre.Status] = {}
         plugins: set[str] = set()

@@ -354,3 +354,41 @@ def test_extender_preemption_spares_the_pod_a_disruption_budget_protects(api_ser
         assert guarded is not None and not guarded["metadata"].get("deletionTimestamp")
         registry = apps[0].metrics.registry
         assert registry.get_sample_value("hami_scheduler_preemption_wait_seconds_count") == 1
+
+
+def test_extender_preemption_under_a_namespace_gpu_quota(api_server):
+    """Namespace ``team`` may use 16 GiB of GPU memory (``limits.nvidia.com/gpumem``) and holds 12 GiB with a
+    priority-0 pod; a priority-0 pod of namespace ``other`` uses 6 GiB of the second GPU, which keeps 10 GiB
+    free. team's 8 GiB priority-1000 pod fits the node but not its quota (``ResourceQuotaNotFit``): only
+    team's own pod frees quota, so it is the one victim, and other's pod keeps running. A priority-1000 pod
+    of team arriving next, with no lower-priority pod of team left, preempts nothing (other's pod would
+    free room, not quota) and stays Pending: it asks 10 GiB, the second GPU has room for it, team's quota
+    has 8 GiB left."""
+    _graceful(api_server)
+    with cluster(api_server, naive_preempt=False, preemption="extender") as (sim, _proxy):
+        api_server.create({"apiVersion": "v1", "kind": "ResourceQuota",
+                           "metadata": {"name": "gpu", "namespace": "team"},
+                           "spec": {"hard": {"limits.nvidia.com/gpumem": "16384"}}})
+        api_server.create(gpu_node("gpu-0", gpus=2, mem=16384))
+        for name, ns, mem in (("low-team", "team", 12288), ("low-other", "other", 6144)):
+            pod = vgpu_pod(name, mem=mem, prio=0, grace=1)
+            pod["metadata"]["namespace"] = ns
+            api_server.create(pod)
+        assert sim.wait_idle(15, expect_bound=2)
+        high = vgpu_pod("high", mem=8192, prio=1000)
+        high["metadata"]["namespace"] = "team"
+        api_server.create(high)
+        assert _wait(lambda: sim.bound.get("team/high") == "gpu-0", 30), sim.failures
+        assert api_server.get("Pod", "team", "low-team") is None
+        other = api_server.get("Pod", "other", "low-other")
+        assert other is not None and not other["metadata"].get("deletionTimestamp")
+        second = vgpu_pod("second", mem=10240, prio=1000)
+        second["metadata"]["namespace"] = "team"
+        api_server.create(second)
+        assert _wait(lambda: any(k == "team/second" and "ResourceQuotaNotFit" in m for k, m in sim.failures),
+                     10), sim.failures
+        time.sleep(1.0)  # a few more cycles' worth: nothing changes
+        pod = api_server.get("Pod", "team", "second")
+        assert not pod["spec"].get("nodeName") and not pod["status"].get("nominatedNodeName")
+        other = api_server.get("Pod", "other", "low-other")
+        assert other is not None and not other["metadata"].get("deletionTimestamp")

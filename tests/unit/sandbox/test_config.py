@@ -61,3 +61,12 @@ def test_missing_profile_key_names_host_and_key(tmp_path: Path) -> None:
 def test_run_dir_too_long_for_the_kubelet_socket_is_refused() -> None:
     with pytest.raises(config.ConfigError, match="107-byte unix socket limit"):
         config.load(Path("/tmp/" + "x" * 80))
+
+
+def test_scheduler_preemption_is_one_setting() -> None:
+    """The control node's unit (hami_scheduler_preemption in the inventory), the host-mode extender and the
+    RBAC the simulated API server starts with (sandbox/config.py) run the same preemption mode (step g)."""
+    group_vars = yaml.safe_load((config.INVENTORY / "group_vars" / "all.yml").read_text())
+    expr = group_vars["hami_scheduler_preemption"]
+    assert config.PREEMPTION_ENV in expr and "'extender' if" in expr and "else 'off'" in expr
+    assert config.SCHEDULER_PREEMPTION == ("extender" if config.PREEMPTION_ON else "off")

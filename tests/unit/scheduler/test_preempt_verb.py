@@ -6,9 +6,12 @@ body's shape is checked before anything is decided."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hami_agent.httpserve import HTTPError
+from hami_agent.protocol.devices import MigPlacement
 from hami_agent.scheduler.core.fit import PodContext
 from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
 from hami_agent.scheduler.serve.shapes import preemption_args
@@ -151,3 +154,46 @@ def test_a_new_leader_rebuilds_the_holds_from_the_annotations():
     assert back.node == "n1" and back.victims == ("v1", "v2") and back.priority == 100
     assert back.usage.devices == hold.usage.devices and back.deadline == pytest.approx(50.0 + 60)
     assert P.rebuild_holds(Holds(), pods, now_wall=1_800_000_100.0, now_mono=0.0) == 0  # past the deadline
+
+
+def _pending(uid: str, raw: str) -> dict:
+    return {"metadata": {"uid": uid, "namespace": "ns", "name": uid,
+                         "annotations": {"hami.io/preemption-hold": raw}},
+            "spec": {"priority": 100}}
+
+
+def test_a_rebuilt_hold_keeps_its_mig_parts():
+    """Static MIG counts (``nvidia.com/mig-<profile>``) and dynamic MIG placements travel in the annotation
+    and come back: without them a rebuilt dynamic-MIG hold would count a MIG GPU without a reservation,
+    which HAMi's usage rules take for a fault (the whole GPU unhealthy), and a static one would free its
+    MIG instances to lower-priority pods."""
+    usage = PodUsage(uid="uid-m", namespace="ns", name="uid-m", node="n1", priority=100,
+                     devices={"GPU-0": DeviceAmount(slots=1, mem=10240)},
+                     mig=(("1g.10gb", 2), ("2g.20gb", 1)),
+                     mig_alloc={"GPU-0": (MigPlacement(0, 1), MigPlacement(4, 2))})
+    hold = Hold(usage, ("v1",), 1000.0 + 90)
+    raw = P.hold_annotation(hold, now_wall=1_800_000_000.0, now_mono=1000.0)
+    parsed = json.loads(raw)
+    assert parsed["mig"] == [["1g.10gb", 2], ["2g.20gb", 1]]
+    assert parsed["migPlacements"] == {"GPU-0": [[0, 1], [4, 2]]}
+    holds = Holds(clock=lambda: 50.0)
+    assert P.rebuild_holds(holds, [_pending("uid-m", raw)], now_wall=1_800_000_030.0, now_mono=50.0) == 1
+    back = holds.get("uid-m").usage
+    assert back.same_usage(usage)  # node, devices, static counts, placements
+    assert (back.mig, back.mig_alloc) == (usage.mig, usage.mig_alloc)
+
+
+def test_an_annotation_without_mig_parts_still_parses():
+    """Backward compatible: a hold written before the MIG parts existed (and a hold without MIG now, which
+    writes neither key) comes back with none."""
+    old = json.dumps({"node": "n1", "devices": ["GPU-0"], "usage": {"GPU-0": [1, 8000, 0]},
+                      "victims": ["v1"], "priority": 100, "deadline": "2027-01-15T08:01:30Z"})
+    holds = Holds(clock=lambda: 0.0)
+    assert P.rebuild_holds(holds, [_pending("uid-o", old)], now_wall=1_800_000_000.0, now_mono=0.0) == 1
+    back = holds.get("uid-o").usage
+    assert back.devices == {"GPU-0": DeviceAmount(1, 8000, 0)} and back.mig == () and back.mig_alloc == {}
+    plain = P.hold_annotation(Hold(bound("uid-p", "n1", 100, 8000), ("v1",), 90.0), 1_800_000_000.0, 0.0)
+    assert "mig" not in json.loads(plain) and "migPlacements" not in json.loads(plain)
+    # malformed MIG parts: the hold is skipped, as any malformed annotation
+    bad = json.dumps({**json.loads(old), "mig": [["1g.10gb"]]})
+    assert P.rebuild_holds(Holds(), [_pending("uid-b", bad)], now_wall=1_800_000_000.0, now_mono=0.0) == 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from hami_agent.protocol import keys
 from hami_agent.scheduler.core.decide import evaluate
-from hami_agent.scheduler.core.fit import NodeFit, PodContext
+from hami_agent.scheduler.core.fit import NodeFit, PodContext, QuotaBudget
 from hami_agent.scheduler.core.model import PREEMPT_NEVER, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 
@@ -37,6 +37,29 @@ _SHIFT = 1 << 31  # preemption.go: each priority shifted by MaxInt32+1 before su
 # important first) giving the UIDs of that set that violate one (``core.pdb.Violations``, upstream's
 # ``filterPodsWithPDBViolation``: a budget is spent by the earlier victims of the same set)
 Pdb = Collection[str] | Callable[[Sequence[PodUsage]], Collection[str]]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """The preemptor's namespace and the room left in its GPU quota (``QuotaBudget``, HAMi's ``FitQuota``):
+    the filter refuses a pod that would go past it (``ResourceQuotaNotFit``), so the dry run must too.
+    Victims of the same namespace give their memory and cores back; victims of other namespaces give
+    nothing back to it (so a set never holds another namespace's pod just for quota: without it the set
+    frees the same quota, is smaller, and is tried first)."""
+
+    namespace: str
+    budget: QuotaBudget
+
+    def without(self, gone: Iterable[PodUsage]) -> QuotaBudget:
+        """The room left once ``gone`` are deleted."""
+        mem = cores = 0
+        for p in gone:
+            if p.namespace == self.namespace:
+                mem += sum(a.mem for a in p.devices.values())
+                cores += sum(a.cores for a in p.devices.values())
+        b = self.budget
+        return QuotaBudget(None if b.mem_left is None else b.mem_left + mem,
+                           None if b.cores_left is None else b.cores_left + cores)
 
 
 @dataclass(frozen=True)
@@ -96,35 +119,38 @@ def set_key(victims: Sequence[PodUsage], pdb: Pdb) -> tuple:
             sorted(-p.started for p in victims), sorted(p.uid for p in victims))
 
 
-def fit_without(st: NodeState, gone: Iterable[PodUsage], preq: PodRequest, ctx: PodContext) -> NodeFit:
-    """HAMi's fit of the preemptor on a copy of ``st`` with ``gone`` taken away (the node is not changed)."""
+def fit_without(st: NodeState, gone: Iterable[PodUsage], preq: PodRequest, ctx: PodContext,
+                quota: Quota | None = None) -> NodeFit:
+    """HAMi's fit of the preemptor on a copy of ``st`` with ``gone`` taken away (the node is not changed),
+    within the namespace quota left once they are gone (``quota`` None: no quota)."""
+    gone = list(gone)
     copy = st.copy()
     for p in gone:
         apply_pod(copy, p, -1)
-    return evaluate(copy, preq, ctx, None)
+    return evaluate(copy, preq, ctx, None if quota is None else quota.without(gone))
 
 
 def reprieve(st: NodeState, cands: Sequence[PodUsage], preq: PodRequest, ctx: PodContext,
-             pdb: Pdb = ()) -> Victims | None:
+             pdb: Pdb = (), quota: Quota | None = None) -> Victims | None:
     """Upstream's victim selection (``SelectVictimsOnNode`` ``:265-296``): take every candidate away, then
     add them back one by one, PDB violators first and most important first in each group, keeping each
     that still lets the pod fit. None when the pod does not fit even with every candidate gone. As upstream,
     the violators are judged over all the candidates, and the victims among them are counted."""
-    if not fit_without(st, cands, preq, ctx).ok:
+    if not fit_without(st, cands, preq, ctx, quota).ok:
         return None
     bad = violators(pdb, cands)
     order = [p for p in cands if p.uid in bad] + [p for p in cands if p.uid not in bad]
     gone = list(order)
     for p in order:
         trial = [q for q in gone if q is not p]
-        if fit_without(st, trial, preq, ctx).ok:
+        if fit_without(st, trial, preq, ctx, quota).ok:
             gone = trial
-    return _victims(st, gone, preq, ctx, bad, exact=False)
+    return _victims(st, gone, preq, ctx, bad, exact=False, quota=quota)
 
 
 def _victims(st: NodeState, gone: Sequence[PodUsage], preq: PodRequest, ctx: PodContext,
-             pdb: Pdb, exact: bool) -> Victims:
-    fit = fit_without(st, gone, preq, ctx)
+             pdb: Pdb, exact: bool, quota: Quota | None = None) -> Victims:
+    fit = fit_without(st, gone, preq, ctx, quota)
     pdb = violators(pdb, gone) if callable(pdb) else pdb
     return Victims(st.name, tuple(sorted(gone, key=importance)), sum(1 for p in gone if p.uid in pdb), fit,
                    exact)
@@ -154,30 +180,31 @@ def target_groups(st: NodeState, cands: Sequence[PodUsage],
 
 def select_victims_on_node(st: NodeState, pods: Iterable[PodUsage], preq: PodRequest, ctx: PodContext,
                            priority: int, pdb: Pdb = (),
-                           max_fits: int = MAX_FITS) -> Victims | None:
+                           max_fits: int = MAX_FITS, quota: Quota | None = None) -> Victims | None:
     """The cheapest victim set on one node (``set_key``), or None when taking every lower-priority pod away
     would not make the pod fit. ``pods``: the pods counted on the node (the caller leaves out those whose
     /bind is under way); ``pdb``: which victims would violate a PodDisruptionBudget (``Pdb``). A pod that fits
     already gets an empty set. Sets are tried by size, and within a size cheapest first, so the first set
     that fits is the answer. When the sets of the next size would take the runs past ``max_fits``,
-    upstream's reprieve answers instead (``exact`` False)."""
+    upstream's reprieve answers instead (``exact`` False). ``quota``: the preemptor's namespace quota
+    (``Quota``), freed by the victims of that namespace."""
     cands = potential_victims(pods, priority)
-    if not fit_without(st, cands, preq, ctx).ok:
+    if not fit_without(st, cands, preq, ctx, quota).ok:
         return None
-    if fit_without(st, (), preq, ctx).ok:
-        return _victims(st, (), preq, ctx, pdb, exact=True)
+    if fit_without(st, (), preq, ctx, quota).ok:
+        return _victims(st, (), preq, ctx, pdb, exact=True, quota=quota)
     groups = target_groups(st, cands, preq)
     runs = 2
     for k in range(1, max(len(g) for _v, g in groups) + 1):
         if runs + sum(math.comb(len(g), k) for _v, g in groups) > max_fits:
-            return reprieve(st, cands, preq, ctx, pdb)
+            return reprieve(st, cands, preq, ctx, pdb, quota)
         # a pod on two GPUs is in two groups: its sets are tried on each GPU's view
         sets = [(view, c) for view, g in groups for c in itertools.combinations(g, k)]
         for view, combo in sorted(sets, key=lambda vc: set_key(vc[1], pdb)):
             runs += 1
-            if fit_without(view, combo, preq, ctx).ok:
-                return _victims(st, combo, preq, ctx, pdb, exact=True)
-    return _victims(st, cands, preq, ctx, pdb, exact=True)  # only the whole node frees enough
+            if fit_without(view, combo, preq, ctx, quota).ok:
+                return _victims(st, combo, preq, ctx, pdb, exact=True, quota=quota)
+    return _victims(st, cands, preq, ctx, pdb, exact=True, quota=quota)  # only the whole node frees enough
 
 
 def candidate_key(v: Victims) -> tuple:
@@ -202,12 +229,13 @@ def num_candidates(potential: int) -> int:
 
 def preempt(nodes: Mapping[str, NodeState], pods_by_node: Mapping[str, Sequence[PodUsage]],
             names: Sequence[str], preq: PodRequest, ctx: PodContext, priority: int, policy: str,
-            pdb: Pdb = (), max_fits: int = MAX_FITS) -> Victims | None:
+            pdb: Pdb = (), max_fits: int = MAX_FITS, quota: Quota | None = None) -> Victims | None:
     """The dry run over the candidate nodes ``names`` (those kube-scheduler sent, which passed its own
     filters) and the pick among them; None when the pod may not preempt or no node can be helped. Only nodes
     with a potential victim are tried, in the order given (upstream starts at a random offset), and the run
     stops once it has ``num_candidates`` candidates of which one violates no PDB (``preemption.go``
-    ``:803-806``)."""
+    ``:803-806``). ``quota``: the preemptor's namespace quota; victims are taken on one node, as upstream,
+    so a pod refused by quota alone is helped only by lower-priority pods of its namespace on that node."""
     if not eligible(policy) or preq.empty:
         return None
     potential = [n for n in dict.fromkeys(names)
@@ -215,7 +243,8 @@ def preempt(nodes: Mapping[str, NodeState], pods_by_node: Mapping[str, Sequence[
     want = num_candidates(len(potential))
     found: list[Victims] = []
     for n in potential:
-        v = select_victims_on_node(nodes[n], pods_by_node.get(n, ()), preq, ctx, priority, pdb, max_fits)
+        v = select_victims_on_node(nodes[n], pods_by_node.get(n, ()), preq, ctx, priority, pdb, max_fits,
+                                   quota)
         if v is not None and v.pods:
             found.append(v)
             if len(found) >= want and any(c.pdb_violations == 0 for c in found):

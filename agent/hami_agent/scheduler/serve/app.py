@@ -84,6 +84,8 @@ class SchedulerApp:
         self.metrics.preemption_holds.set_function(lambda: len(self.extender.holds))
         if self.extender.preemption is not None:  # the dry run counts PodDisruptionBudgets (core/pdb.py)
             self.extender.preemption.pdbs = self.sync.pdb_violations
+            # the dry run keeps to the namespace GPU quota as /filter does (holds use it too)
+            self.extender.preemption.quota = self.extender._quota_budget
         # ... and before refusing, the few pods in the way are read back (scheduler/state/confirm.py)
         self.extender.gone_check = GoneCheck(self.cache, client)
         # a /bind meeting a busy node lock waits for its release (scheduler/verbs/lockwait.py), and /filter

@@ -148,6 +148,19 @@ class Holds:
             return len(self._by_owner)
 
 
+def add_namespace_usage(held: Mapping[str, Sequence[PodUsage]], ns: str, mem: int,
+                        cores: int) -> tuple[int, int]:
+    """``mem``/``cores`` plus what the holds of namespace ``ns`` keep: a hold uses its owner's namespace GPU
+    quota, so that quota a preemption frees is not taken by a lower-priority pod of the namespace on another
+    node (while the victims terminate both count, as for capacity)."""
+    for usages in held.values():
+        for u in usages:
+            if u.namespace == ns:
+                mem += sum(a.mem for a in u.devices.values())
+                cores += sum(a.cores for a in u.devices.values())
+    return mem, cores
+
+
 @dataclass
 class HeldFit:
     """The fit of a pod on the held nodes: per node its result and the node's score with the holds

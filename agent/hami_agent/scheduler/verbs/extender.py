@@ -1,7 +1,6 @@
 """/filter and /bind (Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``): what the extender may decide for, the
-cache decision, the
-pod's annotations and the read-back of writes whose answer was lost. HTTP-free: ``server`` maps routes
-onto these methods; ``binder`` does /bind.
+cache decision, the pod's annotations and the read-back of writes whose answer was lost. HTTP-free:
+``server`` maps routes onto these methods; ``binder`` does /bind.
 
 What /filter trusts (see docs/scheduler.md "What the extender trusts"): the request body names the pod
 (namespace, name, uid) and the candidate nodes; the pod's state comes from the extender's informer of
@@ -160,8 +159,7 @@ class Extender:
         ) if self.config.preemption == "extender" else None
 
     def _preemptor_bound(self, b: BindArgs) -> None:
-        """A preemptor bound on the node it held: how long it waited
-        (``hami_scheduler_preemption_wait_seconds``)."""
+        """Observe a preemptor's wait on its held node (``hami_scheduler_preemption_wait_seconds``)."""
         waited = self.holds.waited(b.uid, b.node)
         if waited is not None and self.metrics is not None:
             self.metrics.preemption_wait.observe(waited)
@@ -244,7 +242,7 @@ class Extender:
         with self.cache.lock:
             prev = None if simulate else self.cache.exclude(uid)  # a retry must not count the pod twice
             # budget under the lock: concurrent filters of one namespace must see each other's pods
-            quota = self._budget(ns, limits)
+            quota = self._budget(ns, limits, held)
             if simulate:
                 dec = self.cache.simulate(given, preq, ctx, quota)
             else:
@@ -460,8 +458,8 @@ class Extender:
             self.busy.settle(b.uid)
         return out
 
-    def _quota_budget(self, ns: str) -> QuotaBudget | None:
-        return self._budget(ns, self._quota_limits(ns))
+    def _quota_budget(self, ns: str, held: dict | None = None) -> QuotaBudget | None:
+        return self._budget(ns, self._quota_limits(ns), held)  # held: the holds that use the quota too
 
     @staticmethod
     def _given_nodes(nodes: dict) -> list[tuple[str, list | None, Any, dict[str, int]]]:
@@ -475,7 +473,8 @@ class Extender:
             out.append((name, devs, node_extras(n), mig_capacity(devs or [])))
         return out
 
-    def _budget(self, ns: str, limits: tuple[int | None, int | None] | None) -> QuotaBudget | None:
+    def _budget(self, ns: str, limits: tuple[int | None, int | None] | None,
+                held: dict | None = None) -> QuotaBudget | None:
         if limits is None:
             return None
         mem_limit, cores_limit = limits
@@ -485,6 +484,7 @@ class Extender:
             # the ResourceQuota in the pod's units, so the limit is scaled the same way
             mem_limit *= factor
         used_mem, used_cores = self.cache.namespace_usage(ns)
+        used_mem, used_cores = holds_mod.add_namespace_usage(held or {}, ns, used_mem, used_cores)
         return QuotaBudget(None if mem_limit is None else mem_limit - used_mem,
                            None if cores_limit is None else cores_limit - used_cores)
 

@@ -35,9 +35,10 @@ from hami_agent import log
 from hami_agent.httpserve import HTTPError
 from hami_agent.k8s.errors import KubeError, NotFoundError
 from hami_agent.protocol import keys
+from hami_agent.protocol.devices import MigPlacement
 from hami_agent.protocol.timefmt import format_rfc3339, parse_rfc3339
 from hami_agent.scheduler.core import preempt as pre
-from hami_agent.scheduler.core.fit import PodContext, pod_context
+from hami_agent.scheduler.core.fit import PodContext, QuotaBudget, pod_context
 from hami_agent.scheduler.core.model import DeviceAmount, PodRequest, PodUsage
 from hami_agent.scheduler.core.nodes import NodeState, apply_pod
 from hami_agent.scheduler.core.requests import pod_request
@@ -63,19 +64,35 @@ def waiting_reason(hold: Hold) -> str:
 
 def hold_annotation(hold: Hold, now_wall: float, now_mono: float) -> str:
     """``hami.io/preemption-hold``: what a new leader needs to hold the same capacity (``rebuild_holds``) and
-    an operator to read: node, devices, per device [slots, MiB, cores], victim UIDs, priority, deadline."""
+    an operator to read: node, devices, per device [slots, MiB, cores], victim UIDs, priority, deadline;
+    and, only when the hold has them, its MIG parts: ``mig`` the static MIG resources as [profile, count]
+    pairs (``nvidia.com/mig-<profile>``), ``migPlacements`` the dynamic MIG placements per GPU as [start,
+    size] pairs (an annotation without them, as written before they existed, reads as none)."""
     deadline = datetime.fromtimestamp(now_wall + hold.deadline - now_mono, timezone.utc)
     usage = {u: [a.slots, a.mem, a.cores] for u, a in sorted(hold.usage.devices.items())}
-    return json.dumps({"node": hold.node, "devices": sorted(hold.usage.devices), "usage": usage,
-                       "victims": list(hold.victims), "priority": hold.priority,
-                       "deadline": format_rfc3339(deadline)}, sort_keys=True)
+    out: dict[str, Any] = {"node": hold.node, "devices": sorted(hold.usage.devices), "usage": usage,
+                           "victims": list(hold.victims), "priority": hold.priority,
+                           "deadline": format_rfc3339(deadline)}
+    if hold.usage.mig:
+        out["mig"] = [[p, n] for p, n in hold.usage.mig]
+    if hold.usage.mig_alloc:
+        out["migPlacements"] = {u: [[pl.start, pl.size] for pl in pls]
+                                for u, pls in sorted(hold.usage.mig_alloc.items())}
+    return json.dumps(out, sort_keys=True)
+
+
+def _hold_mig(h: dict) -> tuple[tuple[tuple[str, int], ...], dict[str, tuple[MigPlacement, ...]]]:
+    """The MIG parts of a parsed ``hami.io/preemption-hold``; none when absent (an older annotation)."""
+    mig = tuple((str(p), int(n)) for p, n in h.get("mig") or ())
+    placements = {str(u): tuple(MigPlacement(int(s), int(z)) for s, z in pls)
+                  for u, pls in (h.get("migPlacements") or {}).items()}
+    return mig, placements
 
 
 def rebuild_holds(holds: Holds, pending: list[dict], now_wall: float, now_mono: float) -> int:
     """A new leader's holds, from the ``hami.io/preemption-hold`` annotations of the pending pods (only the
     scheduler may write it: the admission policy). A malformed or expired one is skipped. Returns how many
-    were rebuilt. Static and dynamic MIG parts of a hold are not in the annotation: such holds come back
-    without them."""
+    were rebuilt, MIG parts included (``hold_annotation``)."""
     n = 0
     for pod in pending:
         raw = annotations(pod).get(keys.PREEMPTION_HOLD)
@@ -86,8 +103,9 @@ def rebuild_holds(holds: Holds, pending: list[dict], now_wall: float, now_mono: 
             h = json.loads(raw)
             left = parse_rfc3339(h["deadline"], "deadline").timestamp() - now_wall
             devices = {str(u): DeviceAmount(int(v[0]), int(v[1]), int(v[2])) for u, v in h["usage"].items()}
+            mig, placements = _hold_mig(h)
             usage = PodUsage(uid=uid, namespace=ns, name=name, node=str(h["node"]), devices=devices,
-                             **preemption_fields(pod))
+                             mig=mig, mig_alloc=placements, **preemption_fields(pod))
             hold = Hold(usage, tuple(str(v) for v in h["victims"]), now_mono + left)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             logger.warning("preemption: pod %s/%s: ignoring %s: %s", ns, name, keys.PREEMPTION_HOLD, exc)
@@ -127,6 +145,9 @@ class Preemption:
         self.clock = clock
         # PodDisruptionBudgets for the dry run (state/sync.py ``pdb_violations``); None: none counted
         self.pdbs: Callable[[], pre.Pdb] | None = None
+        # the namespace's GPU quota left, given the holds that count for the pod (the extender's
+        # ``_budget``: an API read, cached); None: no quota (or none set)
+        self.quota: Callable[[str, dict[str, list[PodUsage]]], QuotaBudget | None] | None = None
 
     def victims_gone(self, uid: str) -> bool:
         """The pod has a hold and none of its victims is counted any more. A /filter decision made a moment
@@ -142,25 +163,29 @@ class Preemption:
                 failed: dict[str, str]) -> dict[str, str]:
         """/filter found no node for the pod: the ``FailedNodes`` to answer, after preempting when GPU
         victims make room. ``rec``: the pod's ``podinfo.preemption_fields``."""
+        md = pod.get("metadata") or {}
+        ns, name = md.get("namespace") or "default", md.get("name") or ""
+        # the namespace quota, read outside the cache lock (its limits are an API read)
+        budget = self.quota(ns, self.holds.against(uid, rec["priority"])) if self.quota is not None else None
+        quota = None if budget is None else pre.Quota(ns, budget)
         own = self.holds.get(uid)
         if own is not None:
             with self.cache.lock:
                 waiting = any(v in self.cache.pods for v in own.victims)
                 # its victims went after this call's decision (the informer's delete in between): the room
                 # is there now, and the next call takes it; only a node without it means someone took it
-                room = not waiting and self._fits_held_node(own, uid, preq, ctx, rec["priority"])
+                room = not waiting and self._fits_held_node(own, uid, preq, ctx, rec["priority"], quota)
             if waiting or room:  # (a call without the held node: its own preemption still waits all the same)
                 return {**failed, own.node: waiting_reason(own)} if own.node in names else failed
             self.holds.release(uid)  # its victims are gone and it still does not fit: someone took it
         if not pre.eligible(rec["preemption_policy"]):
             return failed
-        md = pod.get("metadata") or {}
-        ns, name = md.get("namespace") or "default", md.get("name") or ""
         # the dry run on a snapshot, outside the lock (it may take many fits: /filter must not wait on it)
         with self.cache.lock:
             nodes, pods = self._snapshot(uid, names, rec["priority"])
         pdb = self.pdbs() if self.pdbs is not None else ()
-        v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"], pdb)
+        v = pre.preempt(nodes, pods, names, preq, ctx, rec["priority"], rec["preemption_policy"], pdb,
+                        quota=quota)
         if v is None:
             self._count("none")
             return failed
@@ -168,7 +193,7 @@ class Preemption:
             live = {p.uid for p in self.cache.settled_pods_on(v.node)}
             st = held_copies(self.cache, self.holds.against(uid, rec["priority"])).get(v.node) or (
                 self.cache.nodes.get(v.node))
-            fit = pre.fit_without(st, v.pods, preq, ctx) if st is not None else None
+            fit = pre.fit_without(st, v.pods, preq, ctx, quota) if st is not None else None
             if fit is None or not fit.ok or any(p.uid not in live for p in v.pods):
                 self._count("stale")
                 return failed  # the node changed during the dry run: kube-scheduler retries the pod
@@ -191,11 +216,13 @@ class Preemption:
             self._act(pod, hold, v.pods, cleared)  # the pool is full: inline (back-pressure)
         return {**failed, v.node: waiting_reason(hold)}
 
-    def _fits_held_node(self, own: Hold, uid: str, preq: PodRequest, ctx: PodContext, priority: int) -> bool:
-        """The owner fits its held node now, with the other holds that count for it. Under ``cache.lock``."""
+    def _fits_held_node(self, own: Hold, uid: str, preq: PodRequest, ctx: PodContext, priority: int,
+                        quota: pre.Quota | None) -> bool:
+        """The owner fits its held node now, with the other holds that count for it and within its namespace
+        quota. Under ``cache.lock``."""
         st = held_copies(self.cache, self.holds.against(uid, priority)).get(own.node) or (
             self.cache.nodes.get(own.node))
-        return st is not None and pre.fit_without(st, (), preq, ctx).ok
+        return st is not None and pre.fit_without(st, (), preq, ctx, quota).ok
 
     def _snapshot(self, uid: str, names: list[str],
                   priority: int) -> tuple[dict[str, NodeState], dict[str, list[PodUsage]]]:
