@@ -16,13 +16,12 @@ GPUSIM_DIR = REPO / "tests" / "gpusim"
 GPUSIM_LIB = GPUSIM_DIR / "build" / "libnvidia-ml.so.1"
 APT_REPO = Path(os.environ.get("HAMI_APT_REPO", REPO / "tests" / "images" / "build" / "apt-repo"))
 CONTAINER_LABEL = "io.hami-node.sandbox=1"
-# GPU preemption in the sandbox (demo step g), OFF unless HAMI_SANDBOX_PREEMPTION=1: the step passes
-# in-process (tests/integration/sandbox/test_preempt_step.py), not yet in a full `make demo` run. The switch
-# sets the extender's --preemption as hami_scheduler_preemption in inventories/sandbox/group_vars/all.yml
-# does for the control node's unit (the host-mode extender and the RBAC the simulated API server starts with
-# follow this), and adds step g to the demo.
+# GPU preemption in the sandbox (demo step g), ON unless HAMI_SANDBOX_PREEMPTION=0 (or false/no/off). The
+# switch sets the extender's --preemption as hami_scheduler_preemption in
+# inventories/sandbox/group_vars/all.yml does for the control node's unit (the host-mode extender and the
+# RBAC the simulated API server starts with follow this), and adds step g to the demo.
 PREEMPTION_ENV = "HAMI_SANDBOX_PREEMPTION"
-PREEMPTION_ON = os.environ.get(PREEMPTION_ENV, "") not in ("", "0", "false", "no")
+PREEMPTION_ON = (os.environ.get(PREEMPTION_ENV) or "1").strip().lower() not in ("0", "false", "no", "off")
 SCHEDULER_PREEMPTION = "extender" if PREEMPTION_ON else "off"
 
 
