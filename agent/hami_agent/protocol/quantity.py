@@ -10,7 +10,10 @@ from fractions import Fraction
 
 from hami_agent.protocol.errors import ProtocolError
 
-_QUANTITY_RE = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+# re.ASCII: without it Python's \d takes any Unicode digit ("\u0663" as 3); Kubernetes' ParseQuantity
+# (apimachinery pkg/api/resource/quantity.go) accepts only 0-9
+_QUANTITY_RE = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$",
+                          re.ASCII)
 _SUFFIX = {
     "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
     "Pi": Fraction(2**50), "Ei": Fraction(2**60),

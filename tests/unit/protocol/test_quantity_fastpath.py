@@ -37,3 +37,12 @@ def test_non_ascii_digits_empty_and_long_strings_are_still_refused(value):  # "\
 
 def test_blanks_around_digits_take_the_general_path():
     assert q.quantity_as_int64(" 12 ") == 12
+
+
+@pytest.mark.parametrize("value", ["\u0663", "\u0663Gi", "1\u0660", "\uff11Mi", "1e\u0663"])
+def test_non_ascii_digits_are_not_a_quantity(value):
+    """Kubernetes' ParseQuantity takes 0-9 only; Python's \\d (and str.isdigit) take any Unicode digit."""
+    with pytest.raises(ProtocolError, match="not a Kubernetes quantity"):
+        q.parse_quantity(value)
+    with pytest.raises(ProtocolError):
+        q.quantity_as_int64(value)
