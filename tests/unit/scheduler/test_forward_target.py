@@ -118,3 +118,36 @@ def test_a_tls_failure_at_the_leader_is_a_refusal_too():
 
 def test_the_url_annotation_is_what_the_lease_says():
     assert URL_ANNOTATION == "hami.io/extender-url"
+
+
+def test_a_leader_that_drops_the_handshake_is_a_failed_call_not_a_refusal():
+    """A SIGKILLed leader's port (or one closing as it dies) ends the TLS handshake with EOF or a reset:
+    a failed call to retry, not a certificate that lies (no refusal, no ForwardingRefused event)."""
+    import socket
+    import threading
+
+    from hami_agent.scheduler.verbs.leadership import Forwarder
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+
+    def close_each():
+        for _ in range(4):
+            try:
+                conn, _addr = srv.accept()
+            except OSError:
+                return
+            conn.recv(1024)  # the ClientHello, then the leader "dies"
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    fwd = Forwarder(ForwardSettings(timeout_s=3.0))
+    try:
+        with pytest.raises(RuntimeError) as info:
+            fwd.post(f"https://127.0.0.1:{port}", "filter", {})
+        assert not isinstance(info.value, ForwardRefused)
+    finally:
+        fwd.close()
+        srv.close()

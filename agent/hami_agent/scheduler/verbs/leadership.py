@@ -174,6 +174,8 @@ class Forwarder:
                                 headers={"Content-Type": "application/json"},
                                 pool_timeout=self.settings.timeout_s, retries=False, redirect=False)
         except urllib3.exceptions.SSLError as exc:
+            if not _verification_failed(exc):  # e.g. EOF in the handshake: a leader going away, not a lie
+                raise RuntimeError(f"TLS handshake with {url[:200]} failed: {exc}") from exc
             raise ForwardRefused(f"the certificate of {url} does not verify against --forward-ca-file"
                                  + (f" for {expect_name}" if expect_name else "") + f": {exc}") from exc
         except urllib3.exceptions.HTTPError as exc:
@@ -190,6 +192,24 @@ class Forwarder:
 
     def close(self) -> None:
         self._pool.clear()
+
+
+def _verification_failed(exc: BaseException) -> bool:
+    """Whether a TLS error is the peer's certificate failing verification (chain or name), as opposed to
+    the connection failing during the handshake (a SIGKILLed leader's port answers EOF or a reset)."""
+    import ssl
+
+    seen: list[BaseException] = []
+    todo: list[object] = [exc]
+    while todo and len(seen) < 16:  # bounded: urllib3 wraps the ssl error once or twice
+        e = todo.pop()
+        if not isinstance(e, BaseException) or any(e is x for x in seen):
+            continue
+        seen.append(e)
+        if isinstance(e, ssl.SSLCertVerificationError) or type(e).__name__ == "CertificateError":
+            return True
+        todo.extend([e.__cause__, e.__context__, *e.args])
+    return False
 
 
 def advertise_identity(advertise_url: str) -> str:
