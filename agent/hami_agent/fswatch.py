@@ -26,6 +26,7 @@ import select
 import struct
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -212,3 +213,63 @@ class DirWatch:
                 off += EVENT.size + length
                 if mask & (IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
                     special = True
+
+
+class Wakeup:
+    """An Event on a reentrant lock: ``set()`` is safe from a signal handler that interrupted ``wait()``
+    in the same thread (``threading.Event``'s plain lock could deadlock there)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.RLock())
+        self._flag = False
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for ``set()``; True if it was set (the flag is cleared either way)."""
+        with self._cond:
+            if not self._flag:
+                self._cond.wait(timeout)
+            flag, self._flag = self._flag, False
+            return flag
+
+
+class LoopWaker:
+    """What wakes an agent's event-driven loop (the device plugin's, the DRA driver's): ``wake()`` from any
+    thread or a signal handler, the watched directories' events, and the NVML source, which is woken too
+    because the loop may be waiting on its next snapshot. ``source()`` returns the current source (it is
+    replaced across a MIG pause), or None."""
+
+    def __init__(self, source: Callable[[], Any], name: str) -> None:
+        self.flag = Wakeup()  # what a loop that is not waiting on the source (a MIG pause) sleeps on
+        self._source = source
+        self._name = name
+        self.watch: DirWatch | None = None
+
+    def wake(self) -> None:
+        self.flag.set()
+        wake = getattr(self._source(), "wake", None)
+        if wake is not None:
+            wake()
+
+    def start_watch(self, directories: Iterable[str]) -> None:
+        """Watch ``directories``; call it before the loop's first look, so no change in between is missed."""
+        self.watch = DirWatch(directories, self.wake, name=self._name)
+        self.watch.start()
+
+    def stop_watch(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+    def watching(self) -> bool:
+        """The directories' changes wake the loop (inotify works here)."""
+        return self.watch is not None and self.watch.active
+
+    def event_driven(self) -> bool:
+        """Every change the loop must see wakes it: the directories and the source's new snapshots (else
+        the loop ticks every poll interval)."""
+        return self.watching() and callable(getattr(self._source(), "wake", None))
+

@@ -176,3 +176,32 @@ def test_a_directory_that_vanishes_while_being_watched_is_tried_again(tmp_path, 
         assert calls.wait()
     finally:
         w.stop()
+
+
+def test_loop_waker_wakes_the_flag_and_the_current_source(tmp_path):
+    """The device plugin's and the DRA driver's loops share this: wake() sets the flag and wakes whichever
+    NVML source is current; the loop counts as event-driven only while the watch works and the source can
+    be woken."""
+    from hami_agent.fswatch import LoopWaker
+
+    class Source:
+        woken = 0
+
+        def wake(self) -> None:
+            self.woken += 1
+
+    current: list = [None]
+    waker = LoopWaker(lambda: current[0], "test-waker")
+    waker.wake()  # no source (paused): the flag only
+    assert waker.flag.wait(0) and not waker.flag.wait(0)  # set once, cleared by the wait
+    assert not waker.watching() and not waker.event_driven()
+    waker.start_watch([str(tmp_path)])
+    try:
+        assert waker.watching() and not waker.event_driven()  # a source without wake() is polled
+        current[0] = Source()
+        assert waker.event_driven()
+        waker.wake()
+        assert current[0].woken == 1 and waker.flag.wait(0)
+    finally:
+        waker.stop_watch()
+    assert not waker.watching()

@@ -33,7 +33,7 @@ from hami_agent.deviceplugin.podsource import PodSource
 from hami_agent.deviceplugin.registrar import Registrar
 from hami_agent.deviceplugin.server import DeviceState, PluginServer
 from hami_agent.deviceplugin.settings import PluginSettings
-from hami_agent.fswatch import DirWatch
+from hami_agent.fswatch import LoopWaker
 from hami_agent.kubeletplugin import DeadlineRunner
 from hami_agent.miglock import MigApplyLock
 from hami_agent.nvml.source import first_snapshot, start_source, stop_source
@@ -46,27 +46,6 @@ CRASH_MESSAGE = "GRPC server has repeatedly crashed"
 NVML_METRICS_EVERY_S = 5.0
 # Our gRPC servers answer a GetDevicePluginOptions over their socket this often (a hung server restarts)
 SELF_CHECK_EVERY_S = 5.0
-
-
-class _Wakeup:
-    """An Event on a reentrant lock: ``set()`` is safe from a signal handler that interrupted ``wait()``
-    in the same thread (``threading.Event``'s plain lock could deadlock there)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.RLock())
-        self._flag = False
-
-    def set(self) -> None:
-        with self._cond:
-            self._flag = True
-            self._cond.notify_all()
-
-    def wait(self, timeout: float) -> bool:
-        with self._cond:
-            if not self._flag:
-                self._cond.wait(timeout)
-            flag, self._flag = self._flag, False
-            return flag
 
 
 @dataclass(frozen=True)
@@ -135,8 +114,8 @@ class DevicePluginManager:
         self._nvml_metrics_at = 0.0
         self._warn_once = log.WarnOnce(logger)
         self._stream_losses: dict[str, _StreamLosses] = {}
-        self._wakeup = _Wakeup()  # the pause loop's sleep; the main loop sleeps in the source
-        self._fswatch: DirWatch | None = None
+        # the pause loop sleeps on its flag; the main loop sleeps in the source
+        self._waker = LoopWaker(lambda: self.source, "deviceplugin-fswatch")
         # shared with the node register loop (cmd.py): one file, one trust rule
         self.mig_lock = MigApplyLock(settings.mig_apply_lock, settings.mig_apply_lock_permissive,
                                      component="device plugin")
@@ -168,20 +147,12 @@ class DevicePluginManager:
 
     def wake(self) -> None:
         """Run the loop now: something it checks may have changed (any thread, or a signal handler)."""
-        self._wakeup.set()
-        wake = getattr(self.source, "wake", None)
-        if wake is not None:
-            wake()
-
-    def _event_driven(self) -> bool:
-        """True while every change the loop must see wakes it (else it ticks every poll_interval_s)."""
-        return (self._fswatch is not None and self._fswatch.active
-                and callable(getattr(self.source, "wake", None)))
+        self._waker.wake()
 
     def _wait_s(self) -> float:
         """How long the loop may sleep before it must look again by itself."""
         s = self.settings
-        if not self._event_driven() or self.health.pending_recoveries() or self._busy():
+        if not self._waker.event_driven() or self.health.pending_recoveries() or self._busy():
             return s.poll_interval_s
         now = time.monotonic()
         due = min(self._last_self_check + SELF_CHECK_EVERY_S, self._nvml_metrics_at + NVML_METRICS_EVERY_S)
@@ -422,8 +393,8 @@ class DevicePluginManager:
         self._stop_source()
         while self._should_pause() and not self._stop.is_set():
             # the lock's removal and SIGUSR1 wake this; without inotify it is polled
-            watched = self._fswatch is not None and self._fswatch.active
-            self._wakeup.wait(SELF_CHECK_EVERY_S if watched else self.settings.poll_interval_s)
+            watched = self._waker.watching()
+            self._waker.flag.wait(SELF_CHECK_EVERY_S if watched else self.settings.poll_interval_s)
         self.paused = False
         self.metrics.paused.set(0)
         if self._stop.is_set():
@@ -437,8 +408,7 @@ class DevicePluginManager:
     def run(self) -> int:
         try:
             # before the first look at the sockets and the lock, so no change between the two is missed
-            self._fswatch = DirWatch(self._watch_dirs(), self.wake, name="deviceplugin-fswatch")
-            self._fswatch.start()
+            self._waker.start_watch(self._watch_dirs())
             self._kubelet_ident = self._kubelet_socket_ident()
             gen = -1
             if not self._should_pause():  # a MIG reconfiguration in progress: do not even touch NVML
@@ -474,8 +444,7 @@ class DevicePluginManager:
         return 0
 
     def shutdown(self) -> None:
-        if self._fswatch is not None:
-            self._fswatch.stop()
+        self._waker.stop_watch()
         for name in list(self.servers):
             self._stop_server(name)
         for reg in list(self.registrars.values()):

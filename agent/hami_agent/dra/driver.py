@@ -37,7 +37,7 @@ from hami_agent.dra.metrics import DraMetrics
 from hami_agent.dra.plugin import HealthBoard, KubeletPlugin
 from hami_agent.dra.prepare import Preparer
 from hami_agent.dra.settings import DraSettings
-from hami_agent.fswatch import DirWatch
+from hami_agent.fswatch import LoopWaker
 from hami_agent.kubeletplugin import DeadlineRunner
 from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 
@@ -82,8 +82,8 @@ class DraDriver:
         self.source: Any = None
         self.paused = False
         self._stop = threading.Event()
-        self._wakeup = threading.Event()  # set by wake(): ends the pause loop's wait at once
-        self._fswatch: DirWatch | None = None
+        # wake() (any thread, or the SIGTERM handler) ends the pause loop's wait or the source's at once
+        self._waker = LoopWaker(lambda: self.source, "dra-fswatch")
         self._fatal: str | None = None
         self._warn_once = log.WarnOnce(logger)
         self._last_gc = time.monotonic()
@@ -98,11 +98,8 @@ class DraDriver:
         self.wake()
 
     def wake(self) -> None:
-        """Run the loop now: a socket or the MIG lock may have changed (any thread)."""
-        self._wakeup.set()
-        wake = getattr(self.source, "wake", None)
-        if wake is not None:
-            wake()
+        """Run the loop now: a socket or the MIG lock may have changed (any thread, or a signal handler)."""
+        self._waker.wake()
 
     def _watch_dirs(self) -> list[str]:
         s = self.settings
@@ -112,13 +109,9 @@ class DraDriver:
             dirs.append(os.path.dirname(os.path.abspath(s.mig_apply_lock)))
         return dirs
 
-    def _watched(self) -> bool:
-        return self._fswatch is not None and self._fswatch.active
-
     def _wait_s(self) -> float:
         """How long the loop may sleep before it must look again by itself."""
-        if (not self._watched() or not callable(getattr(self.source, "wake", None))
-                or self.health.pending_recoveries()):
+        if not self._waker.event_driven() or self.health.pending_recoveries():
             return self.settings.poll_interval_s
         if self.claim_gone is None:
             return IDLE_WAKE_S
@@ -196,8 +189,7 @@ class DraDriver:
         while self._mig_lock_held() and not self._stop.is_set():
             self._housekeeping()
             # the lock's removal wakes this; without inotify it is polled
-            self._wakeup.wait(IDLE_WAKE_S if self._watched() else self.settings.poll_interval_s)
-            self._wakeup.clear()
+            self._waker.flag.wait(IDLE_WAKE_S if self._waker.watching() else self.settings.poll_interval_s)
         self.paused = False
         self.metrics.paused.set(0)
         if not self._stop.is_set():
@@ -233,8 +225,7 @@ class DraDriver:
     def run(self) -> int:
         try:
             # before the first look at the sockets and the lock, so no change between the two is missed
-            self._fswatch = DirWatch(self._watch_dirs(), self.wake, name="dra-fswatch")
-            self._fswatch.start()
+            self._waker.start_watch(self._watch_dirs())
             self.plugin.start()
             gen = -1
             if not self._mig_lock_held():
@@ -265,8 +256,7 @@ class DraDriver:
         return 0
 
     def shutdown(self) -> None:
-        if self._fswatch is not None:
-            self._fswatch.stop()
+        self._waker.stop_watch()
         self.plugin.stop()
         if self.publisher is not None:
             self.publisher.stop()

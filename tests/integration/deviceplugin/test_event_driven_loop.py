@@ -36,7 +36,7 @@ def test_with_inotify_no_tick_is_needed(kubelet, start_plugin, tmp_path, sock_di
     # a 60 s tick: every reaction within the bounds below comes from an event
     r = start_plugin(src, device_split_count=2, poll_interval_s=60.0)
     exercise(kubelet, r, src, tmp_path, sock_dir)
-    assert r.manager._fswatch.active
+    assert r.manager._waker.watching()
 
 
 def test_without_inotify_the_loop_polls(kubelet, start_plugin, tmp_path, sock_dir, monkeypatch):
@@ -47,5 +47,5 @@ def test_without_inotify_the_loop_polls(kubelet, start_plugin, tmp_path, sock_di
     src = FakeSource(FakeSnapshot(gpus=full_gpus(1)))
     r = start_plugin(src, device_split_count=2)  # the fixture's 50 ms poll
     exercise(kubelet, r, src, tmp_path, sock_dir)
-    assert not r.manager._fswatch.active
+    assert not r.manager._waker.watching()
     assert r.manager._wait_s() == pytest.approx(0.05)
