@@ -10,8 +10,8 @@ import pytest
 from hami_agent.scheduler.core import preempt as pre
 from hami_agent.scheduler.core.fit import PodContext, QuotaBudget
 from hami_agent.scheduler.core.model import DeviceAmount, PodUsage
-from hami_agent.scheduler.core.nodes import NodeState, apply_pod
-from tests.unit.scheduler.helpers import dev, preq, req
+from tests.unit.scheduler.helpers import preq, req
+from tests.unit.scheduler.test_preempt_core import node, uids
 
 pytestmark = pytest.mark.unit
 
@@ -21,17 +21,6 @@ CTX = PodContext()
 def pod(uid: str, ns: str, prio: int, gpu: int, mem: int, cores: int = 0) -> PodUsage:
     return PodUsage(uid=uid, namespace=ns, name=uid, node="n1", priority=prio, bound=True,
                     devices={f"GPU-{gpu}": DeviceAmount(slots=1, mem=mem, cores=cores)})
-
-
-def node(pods: list[PodUsage], gpus: int = 2) -> NodeState:
-    st = NodeState("n1", [dev(i, mem=16000, count=10) for i in range(gpus)])
-    for p in pods:
-        apply_pod(st, p, +1)
-    return st
-
-
-def uids(v: pre.Victims | None) -> set[str] | None:
-    return None if v is None else {p.uid for p in v.pods}
 
 
 def test_quota_without_gives_back_only_the_namespaces_victims():
