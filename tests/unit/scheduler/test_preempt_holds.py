@@ -169,3 +169,32 @@ def test_filter_keeps_the_hold_from_others_and_releases_it_at_the_owners_decisio
         assert len(ext.holds) == 0 and cache.pods["uid-owner"].priority == 100  # the assumption counts now
     finally:
         ext.healer.stop()
+
+
+def test_a_dynamic_mig_hold_keeps_its_placement_not_only_its_memory():
+    """Dynamic MIG: what a victim frees is a placement. ``low``'s 3g.40gb at slices 0-3 is gone (deleted),
+    ``mid``'s 1g.10gb sits at slice 4, and ``owner``'s hold is for the 3g.40gb at 0-3. A lower-priority
+    1g.10gb fits by memory beside the hold (49,920 of 81,920 MiB counted); it must be placed at 5 or 6,
+    never inside the held run, and the owner still gets its placement."""
+    from hami_agent.protocol import MigPlacement
+    from tests.unit.scheduler.helpers import mig_dev
+
+    cache = UsageCache()
+    cache.set_node("n1", [mig_dev(0)])
+    mid = PodUsage(uid="mid", namespace="ns", name="mid", node="n1", priority=5,
+                   devices={"GPU-0": DeviceAmount(slots=1, mem=9728, cores=15)},
+                   mig_alloc={"GPU-0": (MigPlacement(4, 1),)})
+    cache.add_pod(mid)
+    owner = PodUsage(uid="owner", namespace="ns", name="owner", node="n1", priority=1000,
+                     devices={"GPU-0": DeviceAmount(slots=1, mem=40192, cores=43)},
+                     mig_alloc={"GPU-0": (MigPlacement(0, 4),)})
+    holds = H.Holds(Clock())
+    holds.put(H.Hold(owner, ("low",), 1e9))
+    with cache.lock:
+        rival = H.decide(cache, ["n1"], holds.against("rival", -10), preq(req(mem=9000)), CTX, None)
+        mine = H.decide(cache, ["n1"], holds.against("owner", 1000), preq(req(mem=40000)), CTX, None)
+    assert rival.node == "n1", rival.failed
+    (pick,) = rival.fit.containers[0]
+    assert pick.mig_profile == "1g.10gb" and pick.mig_placement in (MigPlacement(5, 1), MigPlacement(6, 1))
+    (own,) = mine.fit.containers[0]
+    assert mine.node == "n1" and own.mig_placement == MigPlacement(0, 4)
