@@ -123,8 +123,12 @@ def run_wave_mode(args: argparse.Namespace) -> int:
     print(f"preemption wave: {nodes} nodes x 8 GPUs full of priority-0 pods (grace {args.grace}s), "
           f"{pods} priority-{wave.HIGH} preemptors; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
           flush=True)
-    result = wave.run_wave(nodes, pods, args.grace, hosts=hosts, timeout_s=300)
-    SUMMARY.extend(wave.report(result, args.grace, nodes))
+    gates = {"on": (True,), "off": (False,), "both": (True, False)}[args.pop_from_backoffq]
+    for gate in gates:
+        queue = "PopFromBackoffQ " + ("on (v1.33+)" if gate else "off (before v1.33)")
+        print(f"--- kube-scheduler queue: SchedulerPopFromBackoffQ {'on' if gate else 'off'}", flush=True)
+        result = wave.run_wave(nodes, pods, args.grace, hosts=hosts, timeout_s=300, pop_from_backoff_q=gate)
+        SUMMARY.extend(wave.report(result, args.grace, nodes, queue))
     return goals.exit_code(SUMMARY, args.no_goals)
 
 
@@ -139,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wave-pods", type=int, default=0, help="with --wave: preemptors (default = nodes)")
     parser.add_argument("--grace", type=int, default=5,
                         help="with --wave: the victims' terminationGracePeriodSeconds (default 5)")
+    parser.add_argument("--pop-from-backoffq", choices=("on", "off", "both"), default="both",
+                        help="with --wave: the simulated kube-scheduler's SchedulerPopFromBackoffQ gate "
+                             "(KEP-5142, on by default since v1.33): on, off (older releases), or a wave "
+                             "with each (default both)")
     parser.add_argument("--hosts", type=int, default=0,
                         help="with --wave: node-host processes (default: 4 from 50 nodes, else in-process)")
     args = parser.parse_args(argv)

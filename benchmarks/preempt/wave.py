@@ -143,11 +143,15 @@ class HoldWatch:
         self._inf.stop()
 
 
-def run_wave(nodes: int, wave: int, grace: int, *, hosts: int, timeout_s: float) -> dict[str, Any]:
+def run_wave(nodes: int, wave: int, grace: int, *, hosts: int, timeout_s: float,
+             pop_from_backoff_q: bool = True) -> dict[str, Any]:
+    """``pop_from_backoff_q``: the simulated kube-scheduler's SchedulerPopFromBackoffQ gate (on by default
+    since kube-scheduler v1.33; off: older releases, a harsher requeue)."""
     if wave > nodes * 8:
         raise ValueError(f"--wave-pods {wave}: at most one preemptor per GPU ({nodes * 8}); lower it")
     cluster = SimCluster(nodes, gpus=8, split=SPLIT, hosts=hosts, graceful_deletion=True,
-                         extender_args=["--preemption", "extender"], queue_kw={"preempt_verb": "preempt"})
+                         extender_args=["--preemption", "extender"],
+                         queue_kw={"preempt_verb": "preempt", "pop_from_backoff_q": pop_from_backoff_q})
     try:
         t0 = time.monotonic()
         cluster.start()
@@ -199,8 +203,9 @@ def holds_left(cluster: SimCluster) -> list[str]:
             ((p["metadata"].get("annotations") or {}) for p in pods) if keys.PREEMPTION_HOLD in ann]
 
 
-def report(r: dict[str, Any], grace: int, nodes: int) -> list[tuple[str, str, str, bool]]:
-    """Print the wave's figures; return them as goal rows."""
+def report(r: dict[str, Any], grace: int, nodes: int, queue: str = "") -> list[tuple[str, str, str, bool]]:
+    """Print the wave's figures; return them as goal rows (``queue``: the kube-scheduler queue, in the
+    row names)."""
     ttr, terms = r["ttr"], r["terms"]
     p50, p99 = pct(ttr, 0.5), pct(ttr, 0.99)
     per = r["victims"] / r["running"] if r["running"] else float("inf")
@@ -223,7 +228,7 @@ def report(r: dict[str, Any], grace: int, nodes: int) -> list[tuple[str, str, st
     if terms:
         print(f"victim termination (deletion seen -> gone): min {min(terms):.2f}s, "
               f"p50 {pct(terms, 0.5):.2f}s, max {max(terms):.2f}s")
-    size = f"{nodes} nodes x 8 GPUs, {r['wave']} preemptors"
+    size = f"{nodes} nodes x 8 GPUs, {r['wave']} preemptors{', ' + queue if queue else ''}"
     return [
         (f"preemption wave ({size}): create -> Running p50 / p99", f"{p50:.1f} / {p99:.1f} s",
          f"p99 <= {grace + 5} s (grace {grace} s + 5)", r["ok"] and p99 <= grace + 5),

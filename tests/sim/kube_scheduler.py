@@ -314,7 +314,8 @@ class KubeSchedulerSim:
                  http_timeout_s: float = 30.0, post_events: bool = True, max_binding: int = 256,
                  count_resource: str = "nvidia.com/gpu", dra: Any = None, preemption: bool = True,
                  preempt_verb: str | None = None, preemption_offset: int = 0,
-                 managed_resources: tuple[str, ...] = MANAGED_RESOURCES) -> None:
+                 managed_resources: tuple[str, ...] = MANAGED_RESOURCES,
+                 pop_from_backoff_q: bool = False) -> None:
         self.client = client
         # the extender's managedResources, all ignoredByScheduler (a cluster with static MIG resources behind
         # the extender lists its nvidia.com/mig-<profile> names too)
@@ -331,7 +332,8 @@ class KubeSchedulerSim:
         self.queue = qu.SchedulingQueue(initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s,
                                         max_in_unschedulable_s=max_in_unschedulable_s,
                                         unschedulable_flush_s=unschedulable_flush_s,
-                                        backoff_flush_s=backoff_flush_s)
+                                        backoff_flush_s=backoff_flush_s,
+                                        pop_from_backoff_q=pop_from_backoff_q)
         # binding cycles run concurrently (kube-scheduler starts one goroutine per pod); bounded here
         self._binding = threading.BoundedSemaphore(max_binding)
         self._clients: queue_mod.LifoQueue = queue_mod.LifoQueue()  # idle extender connections

@@ -39,9 +39,20 @@ A nominated pod's nomination changing or the pod going (``eventhandlers.go`` ``u
 and ``deletePodFromSchedulingQueue``) raises ``AssignedPodDelete`` for the pods of lower or equal priority
 only (``getLEPriorityPreCheck``): ``move_all(ASSIGNED_POD_DELETE, max_priority=...)``.
 
+``SchedulerPopFromBackoffQ`` (KEP-5142; beta and on by default since v1.33): with ``pop_from_backoff_q``,
+a scheduling cycle that finds activeQ empty takes the head of backoffQ even while that pod is still backing
+off (``active_queue.go`` ``unlockedPop``), so an idle scheduler retries a rejected pod at once. Only pods a
+plugin rejected are taken early; pods that failed with an error wait in their own heap
+(``podErrorBackoffQ``) for their backoff as before. With the gate, backoff expiries are truncated to the
+flush window (``alignToWindow``), a pod whose expiry falls in the current window still backs off
+(``isPodBackingoff``), the backoff heap is ordered by expiry then as activeQ (priority, then age:
+``lessBackoffCompletedWithPriority``), the flush runs on whole windows
+(``waitUntilAlignedWithOrderingWindow``) and a pod moved into backoffQ wakes a waiting cycle. Off (the
+default here, and kube-scheduler before v1.33 or with the gate off): a backed-off pod waits for its
+backoff, the harsher behaviour.
+
 Gaps: no PreEnqueue/scheduling gates (async preemption's gate included: the simulator's preemption runs
-synchronously), no ``SchedulerPopFromBackoffQ`` (v1.33+ pops backed-off pods when activeQ is empty: kinder
-than modelled).
+synchronously).
 """
 
 from __future__ import annotations
@@ -112,8 +123,10 @@ class SchedulingQueue:
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, initial_backoff_s: float = 1.0,
                  max_backoff_s: float = 10.0, max_in_unschedulable_s: float = 300.0,
-                 unschedulable_flush_s: float = 30.0, backoff_flush_s: float = 1.0) -> None:
+                 unschedulable_flush_s: float = 30.0, backoff_flush_s: float = 1.0,
+                 pop_from_backoff_q: bool = False) -> None:
         self.clock = clock
+        self.pop_from_backoff_q = pop_from_backoff_q  # SchedulerPopFromBackoffQ (module docstring)
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self.max_in_unschedulable_s = max_in_unschedulable_s
@@ -125,7 +138,12 @@ class SchedulingQueue:
         self._active: dict[str, int] = {}
         self._aheap: list[tuple[int, float, int, str]] = []
         self._aseq = itertools.count()
-        self._backoff: list[tuple[float, int, str]] = []  # (expiry, seq, key)
+        # backoffQ: pods a plugin rejected (podBackoffQ) and pods that failed with an error
+        # (podErrorBackoffQ), each a heap by (expiry, -priority, timestamp, seq, key); ``_in_backoff`` maps a
+        # key to its live entry's seq. Without the gate the order is expiry then arrival (priority 0).
+        self._backoff: list[tuple[float, int, float, int, str]] = []
+        self._error_backoff: list[tuple[float, int, float, int, str]] = []
+        self._in_backoff: dict[str, int] = {}
         self._seq = 0
         self.cycle = 0
         self.move_request_cycle = -1
@@ -144,11 +162,14 @@ class SchedulingQueue:
         return self
 
     def _every(self, seconds: float, fn: Callable[[], None]) -> None:
+        aligned = self.pop_from_backoff_q and fn == self.flush_backoff_completed
         while True:
             with self._cond:
                 if self._closed:
                     return
-                self._cond.wait(seconds)
+                # with the gate, the backoff flush runs on whole windows (waitUntilAlignedWithOrderingWindow)
+                wait = seconds - (self.clock() % seconds) if aligned else seconds
+                self._cond.wait(wait)
                 if self._closed:
                     return
             fn()
@@ -167,8 +188,19 @@ class SchedulingQueue:
             return 0.0
         return min(self.initial_backoff_s * (2 ** (n - 1)), self.max_backoff_s)
 
+    def _align(self, t: float) -> float:
+        """``alignToWindow``: with the gate, ``t`` truncated to the flush window; without it, ``t``."""
+        return t - (t % self.backoff_flush_s) if self.pop_from_backoff_q else t
+
+    def _expiry(self, qp: QueuedPod) -> float:
+        return self._align(qp.timestamp + self.backoff_s(qp)) if self.backoff_s(qp) > 0 else 0.0
+
     def _backing_off(self, qp: QueuedPod, now: float) -> bool:
-        return now < qp.timestamp + self.backoff_s(qp)
+        if self.backoff_s(qp) <= 0:
+            return False  # never tried (or no penalty): no backoff at all
+        if self.pop_from_backoff_q:  # an expiry inside the current window still backs off
+            return self._expiry(qp) >= self._align(now)
+        return now < self._expiry(qp)
 
     def _to_active(self, qp: QueuedPod, why: str) -> None:
         qp.where = ACTIVE
@@ -181,8 +213,14 @@ class SchedulingQueue:
     def _to_backoff(self, qp: QueuedPod, why: str) -> None:
         qp.where = BACKOFF
         self._seq += 1
-        heapq.heappush(self._backoff, (qp.timestamp + self.backoff_s(qp), self._seq, qp.key))
+        self._in_backoff[qp.key] = self._seq
+        prio = -pod_priority(qp.pod) if self.pop_from_backoff_q else 0
+        ts = qp.timestamp if self.pop_from_backoff_q else 0.0
+        heap = self._backoff if qp.plugins else self._error_backoff  # backoff_queue.go ``add``
+        heapq.heappush(heap, (self._expiry(qp), prio, ts, self._seq, qp.key))
         qp.history.append((self.clock(), BACKOFF, why))
+        if self.pop_from_backoff_q and qp.plugins:
+            self._cond.notify_all()  # a waiting cycle may take it now (movePodsToActiveOrBackoffQueue)
 
     def _to_unschedulable(self, qp: QueuedPod, why: str) -> None:
         qp.where = UNSCHEDULABLE
@@ -230,6 +268,7 @@ class SchedulingQueue:
             qp = self._pods.pop(key, None)
             if qp is not None:
                 self._active.pop(key, None)  # a backoffQ entry is skipped when it comes due
+                self._in_backoff.pop(key, None)
 
     def pop(self, timeout: float | None = None) -> QueuedPod | None:
         """The next active pod, now in flight (None after ``close()`` or ``timeout``)."""
@@ -250,11 +289,40 @@ class SchedulingQueue:
                     qp.where = IN_FLIGHT
                     qp.moved_while_in_flight = False
                     return qp
+                qp = self._pop_backoff() if self.pop_from_backoff_q else None
+                if qp is not None:
+                    return qp
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return None
                 self._cond.wait(left if left is not None else 0.5)
             return None
+
+    def _live_backoff_head(self, heap: list) -> QueuedPod | None:
+        """The head of a backoff heap that is still in backoffQ (stale entries dropped), left in place."""
+        while heap:
+            *_rest, seq, key = heap[0]
+            qp = self._pods.get(key)
+            if qp is not None and qp.where == BACKOFF and self._in_backoff.get(key) == seq:
+                return qp
+            heapq.heappop(heap)
+        return None
+
+    def _pop_backoff(self) -> QueuedPod | None:
+        """activeQ is empty: the head of podBackoffQ, in flight now, backing off or not (``popBackoff``;
+        never podErrorBackoffQ)."""
+        qp = self._live_backoff_head(self._backoff)
+        if qp is None:
+            return None
+        heapq.heappop(self._backoff)
+        del self._in_backoff[qp.key]
+        self.cycle += 1
+        qp.cycle = self.cycle
+        qp.attempts += 1
+        qp.where = IN_FLIGHT
+        qp.moved_while_in_flight = False
+        qp.history.append((self.clock(), IN_FLIGHT, "PopFromBackoffQ"))
+        return qp
 
     # ------------------------------------------------------------------------------ attempt outcomes
     def done(self, qp: QueuedPod) -> None:
@@ -305,10 +373,10 @@ class SchedulingQueue:
     def flush_backoff_completed(self) -> None:
         with self._cond:
             now = self.clock()
-            while self._backoff and self._backoff[0][0] <= now:
-                _exp, _seq, key = heapq.heappop(self._backoff)
-                qp = self._pods.get(key)
-                if qp is not None and qp.where == BACKOFF:
+            for heap in (self._backoff, self._error_backoff):
+                while (qp := self._live_backoff_head(heap)) is not None and not self._backing_off(qp, now):
+                    heapq.heappop(heap)
+                    del self._in_backoff[qp.key]
                     self._to_active(qp, "BackoffComplete")
 
     def flush_unschedulable_leftover(self) -> None:

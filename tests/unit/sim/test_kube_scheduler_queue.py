@@ -107,3 +107,61 @@ def test_deleted_pods_leave_every_queue(q: qu.SchedulingQueue) -> None:
     q.add("ns/p", {})
     q.delete("ns/p")
     assert q.pop(timeout=0) is None and q.empty()
+
+
+def _pod(prio: int) -> dict:
+    return {"spec": {"priority": prio}}
+
+
+def test_pop_from_backoffq_takes_a_backing_off_pod_when_activeq_is_empty() -> None:
+    """SchedulerPopFromBackoffQ (KEP-5142): an idle cycle takes a pod a plugin rejected from backoffQ while it
+    still backs off, the earliest expiry first and, in one window, the higher priority; without the gate the
+    same pod waits for its backoff."""
+    for gate in (True, False):
+        q = qu.SchedulingQueue(clock=ManualClock(start=1000.0), pop_from_backoff_q=gate)
+        for key, prio in (("ns/low", 0), ("ns/high", 10)):
+            q.add(key, _pod(prio))
+            q.failed(_attempt(q, key), frozenset({qu.EXTENDER}))
+        q.clock.t += 0.2
+        assert q.move_all(qu.ASSIGNED_POD_DELETE) == 2
+        assert q.where("ns/low") == q.where("ns/high") == qu.BACKOFF  # 1 s of backoff left, both
+        got = q.pop(timeout=0)
+        if gate:
+            assert got is not None and got.key == "ns/high" and got.attempts == 2
+            assert q.where("ns/high") == qu.IN_FLIGHT and q.where("ns/low") == qu.BACKOFF
+        else:
+            assert got is None
+            q.clock.t += 1.0
+            q.flush_backoff_completed()
+            assert {q.pop(timeout=0).key, q.pop(timeout=0).key} == {"ns/high", "ns/low"}
+
+
+def test_pop_from_backoffq_leaves_pods_that_failed_with_an_error() -> None:
+    """Only podBackoffQ is popped early; an error's pod waits in podErrorBackoffQ for its backoff."""
+    q = qu.SchedulingQueue(clock=ManualClock(start=1000.0), pop_from_backoff_q=True)
+    q.add("ns/p", {})
+    assert q.failed(_attempt(q)) == qu.BACKOFF  # an error: no plugin rejected it
+    assert q.pop(timeout=0) is None
+    q.clock.t += 1.0  # the expiry's own window (aligned): still backing off
+    q.flush_backoff_completed()
+    assert q.pop(timeout=0) is None
+    q.clock.t += 1.0
+    q.flush_backoff_completed()
+    assert _attempt(q).attempts == 2
+
+
+def test_the_gate_aligns_backoff_expiry_to_the_flush_window() -> None:
+    """alignToWindow: with the gate an expiry is truncated to its window, and a pod whose expiry falls in
+    the current window still backs off (isPodBackingoff); the flush frees it in the next window."""
+    q = qu.SchedulingQueue(clock=ManualClock(start=1000.3), pop_from_backoff_q=True)
+    q.add("ns/p", {})
+    q.failed(_attempt(q), frozenset({qu.EXTENDER}))  # expiry 1001.3, aligned to 1001.0
+    q.clock.t = 1000.9
+    q.move_all(qu.NODE_UPDATE)
+    assert q.where("ns/p") == qu.BACKOFF
+    q.clock.t = 1001.05  # the expiry's window: still backing off
+    q.flush_backoff_completed()
+    assert q.where("ns/p") == qu.BACKOFF
+    q.clock.t = 1002.0
+    q.flush_backoff_completed()
+    assert q.where("ns/p") == qu.ACTIVE
