@@ -409,7 +409,7 @@ class Sandbox:
                 if not link.is_symlink():
                     link.symlink_to(target)
             if not cfg.gpusim_state(node.name).exists():
-                self.gpusim(node.name, "init", "--profile", node.profile)
+                self.gpusim(node.name, "init", "--profile", node.profile, "--node", node.name)
                 # the container has no driver until prepare/site.yml installs one (its postinst and the
                 # emulated module load fill these in)
                 state = self.gpusim_state(node.name)

@@ -47,7 +47,7 @@ def _pod(name: str, node: str, prio: int, mem: int, cores: int, uuids: list[str]
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(LABEL),
                          # HAMi's GPU pin: these GPUs only (they are all on the A100 node)
                          "annotations": {keys.USE_GPUUUID: ",".join(uuids)}},
-            # the node too: gpusim gives the nodes of one profile the same GPU UUIDs
+            # the node too: kube-scheduler places the pod; the pin only narrows the GPUs on it
             "spec": {"schedulerName": "hami-scheduler", "priority": prio, "restartPolicy": "Never",
                      "nodeSelector": {"kubernetes.io/hostname": node},
                      "terminationGracePeriodSeconds": grace,

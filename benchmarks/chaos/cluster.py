@@ -229,8 +229,8 @@ class Cluster:
         self._tmp.append(str(sock_dir))
         state = gs.load_profile("a100-80gb-x8")
         state["gpus"] = state["gpus"][: s.gpus_per_node]
-        for g in state["gpus"]:  # each node its own UUIDs (the profile's are one machine's)
-            g["uuid"] = g["uuid"][:-4] + f"{i:04x}"
+        gs.personalize(state, name)  # each node its own UUIDs (the profile's are one machine's)
+        for g in state["gpus"]:
             g["processes"] = []
         gs.set_driver_version(state, gs.FIXED_DRIVER)
         state_path = root / "gpusim.json"

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,17 @@ def add_xid(state: dict[str, Any], gpu_index: int, xid: int, *, when: int | None
 
 def copy_state(state: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(state)
+
+
+def personalize(state: dict[str, Any], node: str) -> dict[str, Any]:
+    """Give a state made from a profile the identity of one node: each GPU's UUID and each listed MIG
+    device's UUID derived from ``node`` and the profile's (stable per node, distinct across nodes).
+
+    A profile is one machine's: without this, every node made from it would report the same GPU UUIDs,
+    which no fleet does (a UUID is unique per board, and HAMi's annotations, metrics and GPU pins name GPUs
+    by it). MIG devices created later derive their UUIDs from their GPU's, so they follow."""
+    for g in state["gpus"]:
+        g["uuid"] = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"gpusim/{node}/{g['uuid']}"))
+        for m in (g.get("mig") or {}).get("devices") or []:
+            m["uuid"] = "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"gpusim/{node}/{m['uuid']}"))
+    return state

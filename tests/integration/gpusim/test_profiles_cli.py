@@ -168,6 +168,25 @@ def test_cli_init_show_and_faults(tmp_path: Path) -> None:
     assert json.loads(cli("show", "--json", state=state).stdout)["gpus"][2]["lost"] is True
 
 
+def test_init_for_a_node_gives_it_its_own_uuids(tmp_path: Path) -> None:
+    """A profile is one machine's: ``--node`` derives every GPU and listed MIG UUID from the node's name,
+    the same for one name every time and different for two nodes (none left from the profile)."""
+    def uuids(state: dict) -> list[str]:
+        return [u for g in state["gpus"] for u in
+                [g["uuid"], *(m["uuid"] for m in (g.get("mig") or {}).get("devices") or [])]]
+
+    profile = uuids(gs.load_profile("h20-mig-mixed"))
+    got = {}
+    for name, node in (("a", "gpu-a"), ("a2", "gpu-a"), ("b", "gpu-b")):
+        r = cli("init", "--profile", "h20-mig-mixed", "--node", node, state=tmp_path / f"{name}.json")
+        assert r.returncode == 0, r.stderr
+        got[name] = uuids(gs.read_state(tmp_path / f"{name}.json"))
+    assert got["a"] == got["a2"]  # stable per node
+    assert not set(got["a"]) & set(got["b"]) and not set(got["a"]) & set(profile)
+    assert len(set(got["a"])) == len(profile)  # still one per device
+    assert all(u.startswith(("GPU-", "MIG-")) and len(u) == 40 for u in got["a"])
+
+
 def test_cli_bad_input(tmp_path: Path) -> None:
     state = tmp_path / "node.json"
     r = cli("init", "--profile", "nope", state=state)
