@@ -356,8 +356,9 @@ def main(argv: list[str] | None = None, say=print) -> int:
                 "site_roll_defer": True,
                 "hami_rbac_apply_cluster": False,
                 "hami_agent_dra_kubeconfig": "",
-                # each slice its own wheelhouse (K processes building and packing one directory race),
-                # beside the role's default one and kept from run to run like it (pip reuses what is there)
+                # each slice its own wheelhouse (K processes writing and packing one directory race; the
+                # role builds from a private copy of the source for the same reason), beside the role's
+                # default one and kept from run to run like it (pip reuses what is there)
                 "hami_agent_build_dir": str(WHEELHOUSE.with_name(f"{WHEELHOUSE.name}-slice-{i}")),
             }
             (run_dir / f"slice-{i}.vars.json").write_text(json.dumps(own))
