@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,13 @@ def _tree(root: Path) -> set[str]:
 def test_concurrent_builds_of_one_source_tree_all_succeed_and_leave_it_untouched(tmp_path: Path) -> None:
     source = tmp_path / "collection"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "plugins/module_utils/known_bad_drivers.py"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
-    shutil.copytree(ROOT / "agent", source / "agent",
+    # links kept as links, as in the collection (the agent links a module of plugins/module_utils)
+    shutil.copytree(ROOT / "agent", source / "agent", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    assert any(p.is_symlink() for p in (source / "agent").rglob("*.py"))
     before = _tree(source)
     # the agent alone: its dependencies are not what races (PIP_NO_DEPS is pip's --no-deps)
     env = {**os.environ, "PIP_NO_DEPS": "1", "SOURCE_DATE_EPOCH": "315532800"}
@@ -56,4 +60,6 @@ def test_concurrent_builds_of_one_source_tree_all_succeed_and_leave_it_untouched
         (wheel,) = (tmp_path / f"wheels-{i}").glob("hami_agent-*.whl")
         digests.add(hashlib.sha256(wheel.read_bytes()).hexdigest())
     assert len(digests) == 1  # byte-identical: the node's copy stays unchanged run after run
+    with zipfile.ZipFile(wheel) as whl:  # the linked module is in the wheel, as a file
+        assert "hami_agent/known_bad_drivers.py" in whl.namelist()
     assert _tree(source) == before  # no build/, no egg-info written into the collection
