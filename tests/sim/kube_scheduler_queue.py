@@ -283,12 +283,7 @@ class SchedulingQueue:
                     qp = self._pods.get(key)
                     if qp is None or qp.where != ACTIVE:
                         continue
-                    self.cycle += 1
-                    qp.cycle = self.cycle
-                    qp.attempts += 1
-                    qp.where = IN_FLIGHT
-                    qp.moved_while_in_flight = False
-                    return qp
+                    return self._start_attempt(qp)
                 qp = self._pop_backoff() if self.pop_from_backoff_q else None
                 if qp is not None:
                     return qp
@@ -316,12 +311,16 @@ class SchedulingQueue:
             return None
         heapq.heappop(self._backoff)
         del self._in_backoff[qp.key]
+        qp.history.append((self.clock(), IN_FLIGHT, "PopFromBackoffQ"))
+        return self._start_attempt(qp)
+
+    def _start_attempt(self, qp: QueuedPod) -> QueuedPod:
+        """A popped pod's scheduling cycle begins: it is in flight now."""
         self.cycle += 1
         qp.cycle = self.cycle
         qp.attempts += 1
         qp.where = IN_FLIGHT
         qp.moved_while_in_flight = False
-        qp.history.append((self.clock(), IN_FLIGHT, "PopFromBackoffQ"))
         return qp
 
     # ------------------------------------------------------------------------------ attempt outcomes
