@@ -18,10 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 from hami_agent.protocol import keys
-from hami_agent.protocol.devices import NodeDevice, encode_node_devices
 from hami_agent.protocol.mig import decode_mig_allocations
 from tests.integration.scheduler.test_preemption_limit import _graceful, _wait
-from tests.integration.scheduler.test_preemption_mig import cluster
+from tests.integration.scheduler.test_preemption_mig import a100_mig_node, cluster, gpu_pod
 from tests.unit.scheduler.helpers import a100_mig_profiles
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -32,27 +31,11 @@ GPU = "GPU-dmig-0"
 def dynamic_mig_node(name: str) -> dict:
     """A node whose one A100-SXM4-80GB is in dynamic MIG mode: it publishes every profile it can create
     (count = the largest instance count, 7), and the extender chooses the instance per pod."""
-    profiles = a100_mig_profiles()
-    dev = NodeDevice(id=GPU, index=0, count=max(p.instance_count for p in profiles), devmem=81920,
-                     devcore=100, type="NVIDIA A100-SXM4-80GB", mode="mig", health=True,
-                     mig_profiles=profiles)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {keys.NODE_REGISTER: encode_node_devices([dev])},
-                         "labels": {"gpu": "on"}},
-            "status": {"allocatable": {"cpu": "64", "nvidia.com/gpu": "7"},
-                       "capacity": {"nvidia.com/gpu": "7"},
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    return a100_mig_node(name, GPU, a100_mig_profiles(), "nvidia.com/gpu", 7)
 
 
 def vgpu_pod(name: str, mem_mib: int, prio: int, grace: int = 1) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "annotations": {}},
-            "spec": {"schedulerName": "hami-scheduler", "priority": prio,
-                     "terminationGracePeriodSeconds": grace,
-                     "containers": [{"name": "main", "image": "cuda",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1",
-                                                              "nvidia.com/gpumem": str(mem_mib)}}}]},
-            "status": {"phase": "Pending"}}
+    return gpu_pod(name, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mem_mib)}, prio, grace)
 
 
 def placements(pod: dict) -> list[tuple[int, int]]:

@@ -29,27 +29,37 @@ PROFILE = "1g.20gb"  # four instances on an A100-SXM4-80GB (placements 0, 2, 4, 
 MIG_RESOURCE = f"nvidia.com/mig-{PROFILE}"
 
 
-def mig_node(name: str) -> dict:
-    """A node whose one A100 is in MIG mode with four 1g.20gb instances (static: the plugin publishes the
-    instances that exist)."""
-    dev = NodeDevice(id=f"GPU-{name}-0", index=0, count=4, devmem=81920, devcore=100,
-                     type="NVIDIA A100-SXM4-80GB", mode="mig", health=True,
-                     mig_profiles=a100_mig_profiles(PROFILE))
+def a100_mig_node(name: str, dev_id: str, profiles: tuple, resource: str, count: int) -> dict:
+    """A Ready node whose one A100-SXM4-80GB is in MIG mode with ``profiles`` (its device count: the largest
+    instance count among them), ``count`` of ``resource`` allocatable."""
+    dev = NodeDevice(id=dev_id, index=0, count=max(p.instance_count for p in profiles), devmem=81920,
+                     devcore=100, type="NVIDIA A100-SXM4-80GB", mode="mig", health=True,
+                     mig_profiles=profiles)
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {keys.NODE_REGISTER: encode_node_devices([dev])},
                          "labels": {"gpu": "on"}},
-            "status": {"allocatable": {"cpu": "64", MIG_RESOURCE: "4"}, "capacity": {MIG_RESOURCE: "4"},
+            "status": {"allocatable": {"cpu": "64", resource: str(count)}, "capacity": {resource: str(count)},
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-def mig_pod(name: str, instances: int, prio: int, grace: int = 1) -> dict:
+def mig_node(name: str) -> dict:
+    """A node whose one A100 is in MIG mode with four 1g.20gb instances (static: the plugin publishes the
+    instances that exist)."""
+    return a100_mig_node(name, f"GPU-{name}-0", a100_mig_profiles(PROFILE), MIG_RESOURCE, 4)
+
+
+def gpu_pod(name: str, limits: dict[str, str], prio: int, grace: int = 1) -> dict:
+    """A pending pod of the extender's scheduler with one container of ``limits``."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": {}},
             "spec": {"schedulerName": "hami-scheduler", "priority": prio,
                      "terminationGracePeriodSeconds": grace,
-                     "containers": [{"name": "main", "image": "cuda",
-                                     "resources": {"limits": {MIG_RESOURCE: str(instances)}}}]},
+                     "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}]},
             "status": {"phase": "Pending"}}
+
+
+def mig_pod(name: str, instances: int, prio: int, grace: int = 1) -> dict:
+    return gpu_pod(name, {MIG_RESOURCE: str(instances)}, prio, grace)
 
 
 @contextlib.contextmanager
