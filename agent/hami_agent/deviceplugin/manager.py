@@ -7,8 +7,9 @@ stalls the loop.
 The loop sleeps until something needs it (issue 31: an idle node's CPU): inotify on the kubelet's
 device-plugin directory and the MIG lock's directory (``fswatch``; a re-created ``kubelet.sock``, a
 deleted socket of ours, the lock appearing), a new NVML snapshot, a lost ListAndWatch stream, a signal,
-and every ``HOUSEKEEPING_EVERY_S`` the self-check of our servers and the NVML gauges. Each wake re-checks
-the real state with ``stat()``, so an event only decides *when* to look. Where inotify is unavailable,
+every ``HOUSEKEEPING_EVERY_S`` the NVML gauges, and every ``SELF_CHECK_EVERY_S`` a self-check of each
+server that answered no RPC in that time. Each wake re-checks the real state with ``stat()``, so an event
+only decides *when* to look. Where inotify is unavailable,
 and while something is time-based (a device's recovery quiet period, a failed server start, a stream
 loss waiting out its backoff), the loop ticks every ``poll_interval_s`` (250 ms) as before.
 """
@@ -44,8 +45,14 @@ CRASH_MESSAGE = "GRPC server has repeatedly crashed"
 # On an idle node the NVML gauges (status, snapshot age, each NVML function's last duration: ~25 label
 # lookups) are refreshed this often rather than on every socket-check tick (issue 31: most of the idle cost)
 NVML_METRICS_EVERY_S = 5.0
-# Our gRPC servers answer a GetDevicePluginOptions over their socket this often (a hung server restarts)
-SELF_CHECK_EVERY_S = 5.0
+# A server that answered no unary RPC (the kubelet's or our own probe's) for this long answers a
+# GetDevicePluginOptions over its socket, or restarts as hung. Not shorter (issue 31): each probe wakes
+# grpc's event_engine pool, whose workers then poll with a backoff that restarts at 15 ms
+# (work_stealing_thread_pool.cc), and a 5 s probe cost an idle node ~1.2 ms of CPU a second of its
+# ~2 (docs/performance.md). A hung server is also seen at once by /healthz, which always probes.
+SELF_CHECK_EVERY_S = 60.0
+# The loop looks at the sockets, the MIG lock (while paused) and the NVML gauges at least this often
+HOUSEKEEPING_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -156,7 +163,7 @@ class DevicePluginManager:
             return s.poll_interval_s
         now = time.monotonic()
         due = min(self._last_self_check + SELF_CHECK_EVERY_S, self._nvml_metrics_at + NVML_METRICS_EVERY_S)
-        return min(SELF_CHECK_EVERY_S, max(0.01, due - now))
+        return min(HOUSEKEEPING_EVERY_S, max(0.01, due - now))
 
     def _busy(self) -> bool:
         """Time-based work pending: a server whose start failed, a lost stream waiting out its backoff."""
@@ -338,6 +345,8 @@ class DevicePluginManager:
         if now - self._last_self_check >= SELF_CHECK_EVERY_S:
             self._last_self_check = now
             for name, server in list(self.servers.items()):
+                if server.quiet_for(now) < SELF_CHECK_EVERY_S:
+                    continue  # it answered the kubelet lately: alive without a probe
                 problem = server.self_check(timeout=1.0)
                 if problem:
                     self._record_crash(name, RuntimeError(problem))
@@ -394,7 +403,7 @@ class DevicePluginManager:
         while self._should_pause() and not self._stop.is_set():
             # the lock's removal and SIGUSR1 wake this; without inotify it is polled
             watched = self._waker.watching()
-            self._waker.flag.wait(SELF_CHECK_EVERY_S if watched else self.settings.poll_interval_s)
+            self._waker.flag.wait(HOUSEKEEPING_EVERY_S if watched else self.settings.poll_interval_s)
         self.paused = False
         self.metrics.paused.set(0)
         if self._stop.is_set():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -99,7 +100,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, state: DeviceState, allocator: Allocator, settings: PluginSettings,
                  metrics: PluginMetrics, runner: DeadlineRunner, *, stopping: threading.Event,
                  stream_lost: threading.Event | None = None,
-                 on_stream_lost: Callable[[], None] | None = None) -> None:
+                 on_stream_lost: Callable[[], None] | None = None,
+                 on_answer: Callable[[], None] = lambda: None) -> None:
+        """``on_answer``: called whenever a unary RPC was answered (whatever its code): proof of life."""
         self.state = state
         self.allocator = allocator
         self.settings = settings
@@ -108,6 +111,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.stopping = stopping
         self.stream_lost = stream_lost
         self.on_stream_lost = on_stream_lost
+        self.on_answer = on_answer
 
     @property
     def resource(self) -> str:
@@ -117,6 +121,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         # UNKNOWN is what a Go plugin's plain error becomes, so the kubelet's event text matches HAMi's:
         # "Allocate failed due to rpc error: code = Unknown desc = device number not matched ..."
         def record(seconds: float, code: str) -> None:
+            self.on_answer()
             self.metrics.rpc_duration.labels(method, self.resource).observe(seconds)
             if code != "OK":
                 self.metrics.rpc_errors.labels(method, self.resource, code).inc()
@@ -125,6 +130,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                        {AllocationError: grpc.StatusCode.UNKNOWN}, record, log=logger)
 
     def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
+        self.on_answer()
         return OPTIONS
 
     def ListAndWatch(self, request, context):  # noqa: N802
@@ -222,6 +228,8 @@ class PluginServer:
         self._stopping = threading.Event()
         self._probe: grpc.Channel | None = None  # self_check's channel to our own socket
         self._probe_lock = threading.Lock()
+        # time.monotonic() of the last unary RPC this server answered (the kubelet's or our probe's)
+        self.answered_at = 0.0
         self.watcher_registered = threading.Event()
         # set when a ListAndWatch stream ends while this server still serves (the manager registers again)
         self.stream_lost = threading.Event()
@@ -236,7 +244,14 @@ class PluginServer:
         api_pb2_grpc.add_DevicePluginServicer_to_server(
             DevicePluginServicer(self.state, self.allocator, self.settings, self.metrics, self.runner,
                                  stopping=self._stopping, stream_lost=self.stream_lost,
-                                 on_stream_lost=self.on_stream_lost), server)
+                                 on_stream_lost=self.on_stream_lost, on_answer=self._answered), server)
+
+    def _answered(self) -> None:
+        self.answered_at = time.monotonic()
+
+    def quiet_for(self, now: float) -> float:
+        """Seconds since this server last answered a unary RPC (anyone's)."""
+        return now - self.answered_at
 
     def _add_registration(self, server: grpc.Server) -> None:
         def on_status(ok: bool, error: str) -> None:

@@ -172,6 +172,11 @@ class WorkerReaper:
         logger.warning("abandoned NVML worker pid %s stuck in %s (%d abandoned worker(s) alive, limit %d)",
                        worker.pid, call, alive, self.limit)
 
+    def pending(self) -> bool:
+        """True while an abandoned worker is still kept (someone must keep reaping)."""
+        with self._lock:
+            return bool(self._items)
+
     def reap(self) -> int:
         """Forget workers that exited (``waitpid(WNOHANG)``); the number still alive."""
         with self._lock:

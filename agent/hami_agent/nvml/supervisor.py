@@ -38,7 +38,10 @@ logger = logging.getLogger(__name__)
 STARTUP_GRACE_S = 10.0  # extra time a fresh interpreter gets to import pynvml before its first call
 UNKILLABLE_GRACE_S = 1.0  # a just-killed worker gets this long to exit before we call it unkillable
 REAP_EVERY_S = 1.0
-IDLE_WAKE_S = 1.0  # the worker loop's longest sleep: reaping and the startup limit are checked this often
+IDLE_WAKE_S = 1.0  # the worker loop's longest sleep while it reaps or waits for the worker's first word
+# ... and once the worker answers with nothing to reap: every call in flight has its own deadline to wake
+# the loop, so this only bounds a sleep with none (issue 31: a 1 s tick was ~0.15 ms/s of an idle node)
+QUIET_WAKE_S = 30.0
 
 
 class _Metrics:
@@ -225,9 +228,11 @@ class NvmlSupervisor:
         got_any = got_inventory = False
         while not self._stop.is_set():
             due = w.until_next_deadline()
-            # sleep until the next call's deadline (a 1 ms deadline included), at most IDLE_WAKE_S; stop()
-            # wakes us at once
-            wait = IDLE_WAKE_S if due is None else min(IDLE_WAKE_S, max(due, 0.0) + 0.0002)
+            # sleep until the next call's deadline (a 1 ms deadline included), at most IDLE_WAKE_S while
+            # something is time-based (the startup limit, an abandoned worker to reap); stop() wakes us
+            wait = IDLE_WAKE_S if not got_any or self.reaper.pending() else QUIET_WAKE_S
+            if due is not None:
+                wait = min(wait, max(due, 0.0) + 0.0002)
             got, msg = w.next_message(wait)
             if time.monotonic() - self._last_reap >= REAP_EVERY_S:
                 self._reap()

@@ -215,6 +215,52 @@ def test_healthz_checks_the_grpc_loop(kubelet, start_plugin):
     assert not ok and "missing" in msg
 
 
+def test_the_kubelets_rpcs_prove_a_server_alive_and_only_a_quiet_one_is_probed(kubelet, start_plugin):
+    """Issue 31: a probe RPC wakes grpc's thread pool for ~1 ms of CPU, so the loop probes only a server
+    that answered nothing for SELF_CHECK_EVERY_S; one whose probe fails restarts as unresponsive."""
+    from hami_agent.deviceplugin import manager as manager_mod
+
+    r = start_plugin(FakeSource(FakeSnapshot(gpus=full_gpus(2))), device_split_count=2)
+    assert kubelet.wait_registered(GPU, 5, min_devices=4)
+    server = r.manager.servers[GPU]
+    # the kubelet's own calls count: an admission (GetPreferredAllocation, Allocate) marks the server
+    r.pods.node_annotations[keys.NODE_REGISTER] = node_register(2, count=2)
+    pod = hami_pod("p", NODE, [ctr("c", 1)], f"{gpu_uuid(0)},NVIDIA,1000,10:;", bind_time=1)
+    r.pods.add_pod(pod)
+    r.pods.node_annotations[keys.NODE_LOCK] = lock_value("p")
+    before = time.monotonic()
+    assert kubelet.admit(pod, timeout=10).admitted
+    assert server.answered_at >= before
+
+    probes: list[str] = []
+    restarts: list[tuple[str, str]] = []
+    answer: list[str | None] = [None]
+
+    def probe(timeout: float = 1.0) -> str | None:
+        probes.append(GPU)
+        return answer[0]
+
+    server.self_check = probe
+    r.manager._restart_server = lambda name, cause: restarts.append((name, cause))
+    r.manager._last_self_check = 0.0  # a check is due now
+    r.manager._check_sockets()
+    assert probes == [] and restarts == []  # answered the kubelet a moment ago
+    server.answered_at = time.monotonic() - manager_mod.SELF_CHECK_EVERY_S - 1
+    r.manager._last_self_check = 0.0
+    answer[0] = "GetDevicePluginOptions on the socket: DEADLINE_EXCEEDED"
+    r.manager._check_sockets()
+    assert probes == [GPU] and restarts == [(GPU, "unresponsive")]
+
+
+def test_a_probe_over_the_socket_marks_the_server_answered(kubelet, start_plugin):
+    r = start_plugin(FakeSource(FakeSnapshot(gpus=full_gpus(1))))
+    assert kubelet.wait_registered(GPU, 5)
+    server = r.manager.servers[GPU]
+    server.answered_at = 0.0
+    assert server.self_check(timeout=2.0) is None
+    assert server.quiet_for(time.monotonic()) < 2.0
+
+
 def test_options_constant_and_prestart_noop_over_the_socket(kubelet, start_plugin, sock_dir):
     start_plugin(FakeSource(FakeSnapshot(gpus=full_gpus(1))))
     assert kubelet.wait_registered(GPU, 5)
