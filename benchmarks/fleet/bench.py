@@ -498,6 +498,7 @@ class Bench:
         for i, name in zip(indices, names, strict=False):
             self.fleet.init_dirs(name)
             copy_dir(cache / "etc-gpusim", self.fleet.gpusim_dir(name))
+            self.fleet.personalize_gpusim(name)
             copy_dir(cache / "run-gpusim", self.fleet.sysfs_dir(name))
             self.fleet.create(name, gold["image"], start=False)
             dp, mon = inv.host_ports(i, self.args.base_port)

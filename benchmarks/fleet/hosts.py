@@ -10,7 +10,8 @@ Design (docs/testing.md, "Fleet benchmark"):
    ``/etc`` for them. Image + identity list + its gpusim state are cached under a key that hashes every
    input (roles, playbooks, plugins, agent, sandbox playbooks and group vars, the image scripts, ports).
 2. **The clones.** Host ``i`` is created from that image, its identity files rewritten with its own name
-   and ports (``podman mount``, before it boots), its gpusim state copied from the golden node's; it boots
+   and ports (``podman mount``, before it boots), its gpusim state copied from the golden node's with GPU
+   and MIG UUIDs of its own (``gpusim_state.personalize``); it boots
    with the agents as the golden node ran them. A converged run must then report ``changed=0`` on every
    host: the benchmark checks it.
 
@@ -157,6 +158,15 @@ class Fleet:
         # no driver until the packages install one (their postinst and the emulated module load fill it in)
         doc = json.loads(state.read_text())
         doc.update({"driver_loaded": False, "module_version": None, "driver_version": None})
+        state.write_text(json.dumps(doc, indent=2) + "\n")
+
+    def personalize_gpusim(self, name: str) -> None:
+        """Give a clone's copied gpusim state GPU and MIG UUIDs of its own (``gpusim init --node`` does the
+        same for the sandbox): a fleet whose nodes all report the golden node's UUIDs is no real fleet."""
+        from tests.gpusim.gpusim_state import personalize
+
+        state = self.gpusim_dir(name) / "state.json"
+        doc = personalize(json.loads(state.read_text()), name)
         state.write_text(json.dumps(doc, indent=2) + "\n")
 
     def find_identity_files(self, name: str, tokens: Iterable[str]) -> list[str]:

@@ -549,3 +549,27 @@ def test_the_collection_link_follows_this_checkout(tmp_path: Path) -> None:
     assert link.resolve() == bench.REPO
     bench.Bench.collections(fake)  # idempotent
     assert link.resolve() == bench.REPO
+
+
+
+def test_each_clone_gets_gpu_and_mig_uuids_of_its_own(tmp_path):
+    """The golden node's gpusim state is copied to every clone; without personalize_gpusim all clones
+    would report the same GPU and MIG UUIDs, which no real fleet does."""
+    import json
+
+    from benchmarks.fleet.hosts import Fleet
+    from tests.gpusim import gpusim_state as gs
+
+    fleet = Fleet(tmp_path, 20000)
+    uuids = {}
+    for name in ("fleet-0001", "fleet-0002"):
+        d = fleet.gpusim_dir(name)
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps(gs.load_profile("h20-mig-mixed")))
+        fleet.personalize_gpusim(name)
+        doc = json.loads((d / "state.json").read_text())
+        gs.validate(doc)
+        uuids[name] = {g["uuid"] for g in doc["gpus"]} | {
+            m["uuid"] for g in doc["gpus"] for m in (g.get("mig") or {}).get("devices") or []}
+    assert len(uuids["fleet-0001"]) == 8 + 12
+    assert not uuids["fleet-0001"] & uuids["fleet-0002"]
