@@ -13,12 +13,14 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1069,6 +1071,33 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* An inotify instance watching the state file's directory (every writer replaces the file by rename), or
+ * -1 when inotify cannot be had. Caller holds the lock. */
+static int watch_state_dir(void)
+{
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s", state_path());
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd >= 0 && inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MODIFY) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* The real driver sleeps in the kernel until it has an event; so does this wait, until the state file's
+ * directory changes (an XID or a lost GPU written by the tools), instead of re-reading the file every
+ * 20 ms, which cost an idle agent's NVML worker 2-3 ms of CPU a second. The watch is set up before the
+ * first look, so no write between the look and the sleep is missed; a re-read every second stays as the
+ * safety net (a directory replaced under us; GPUSIM_EVENT_FALLBACK_MS changes it), and without inotify
+ * the wait polls every 20 ms as before. */
 NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     nvmlReturn_t r = enter("nvmlEventSetWait_v2", 1);
@@ -1077,19 +1106,42 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
     if (!set || set->magic != EVENT_SET_MAGIC || !data)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     double deadline = now_s() + timeoutms / 1000.0;
+    int wfd = watch_state_dir();
+    refresh_state();
     for (;;) {
-        if (next_event(set, data))
+        if (next_event(set, data)) {
+            if (wfd >= 0)
+                close(wfd);
             return leave(NVML_SUCCESS);
+        }
         for (int i = 0; i < cur->ngpus; i++) /* documented: GPU_IS_LOST if a (registered) GPU fell off */
-            if (set->mask[i] && cur->gpu[i].lost)
+            if (set->mask[i] && cur->gpu[i].lost) {
+                if (wfd >= 0)
+                    close(wfd);
                 return leave(NVML_ERROR_GPU_IS_LOST);
+            }
         pthread_mutex_unlock(&lock);
         double left = deadline - now_s();
-        if (left <= 0)
+        if (left <= 0) {
+            if (wfd >= 0)
+                close(wfd);
             return NVML_ERROR_TIMEOUT;
-        double step = left < 0.02 ? left : 0.02; /* poll the state file every 20 ms */
-        struct timespec ts = {0, (long)(step * 1e9)};
-        nanosleep(&ts, NULL);
+        }
+        if (wfd >= 0) {
+            const char *fb = getenv("GPUSIM_EVENT_FALLBACK_MS"); /* tests: prove the watch alone wakes us */
+            double fallback = fb && atoi(fb) > 0 ? atoi(fb) / 1000.0 : 1.0;
+            double step = left < fallback ? left : fallback;
+            struct pollfd pfd = {wfd, POLLIN, 0};
+            if (poll(&pfd, 1, (int)(step * 1000.0) + 1) > 0) {
+                char buf[4096];
+                while (read(wfd, buf, sizeof(buf)) > 0)
+                    ;
+            }
+        } else {
+            double step = left < 0.02 ? left : 0.02;
+            struct timespec ts = {0, (long)(step * 1e9)};
+            nanosleep(&ts, NULL);
+        }
         pthread_mutex_lock(&lock);
         refresh_state();
     }

@@ -325,6 +325,32 @@ def test_xid_added_while_waiting_is_delivered(gpusim_node: GpusimNode) -> None:
         proc.wait(timeout=10)
 
 
+def test_a_waiting_process_is_woken_by_the_state_write_not_by_polling(gpusim_node: GpusimNode) -> None:
+    """The event wait sleeps until the state file's directory changes, as the real driver sleeps until it
+    has an event: with the safety-net re-read pushed to 60 s, only the watch can deliver the XID in time."""
+    code = """
+        n.nvmlInit()
+        es = n.nvmlEventSetCreate()
+        n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(2), n.nvmlEventTypeXidCriticalError, es)
+        print("ready", flush=True)
+        d = n.nvmlEventSetWait_v2(es, 30000)
+        out([n.nvmlDeviceGetUUID(d.device), d.eventData])
+    """
+    env = {**gpusim_node.env(), "GPUSIM_EVENT_FALLBACK_MS": "60000"}
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # inside the wait, past its first look
+        gpusim_node.add_xid(2, 79)
+        out, _ = proc.communicate(timeout=15)
+        assert json.loads(out.strip()) == [SEED_GPUS[2], 79]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def test_state_changes_are_seen_by_a_running_process(gpusim_node: GpusimNode) -> None:
     code = """
         n.nvmlInit()
