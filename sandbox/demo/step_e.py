@@ -58,7 +58,20 @@ def run(demo: Demo) -> None:
     for p in client.list_pods(namespace=ro.NAMESPACE):
         placement.setdefault(p["spec"].get("nodeName") or "-", []).append(p["metadata"]["name"])
     pdb_path = f"/apis/policy/v1/namespaces/{ro.NAMESPACE}/poddisruptionbudgets/{ro.APP}"
-    budget = client.call("GET", pdb_path, verb="get", kind="poddisruptionbudget").get("status") or {}
+    budget: dict = {}
+
+    def budget_settled() -> bool:
+        # the disruption controller updates the budget's status after it sees the pods Ready (a real one
+        # lags too): wait for its answer instead of reading it once
+        status = client.call("GET", pdb_path, verb="get", kind="poddisruptionbudget").get("status") or {}
+        budget.clear()
+        budget.update(status)
+        return budget.get("disruptionsAllowed") == 1
+
+    if ok:
+        wait_for(budget_settled, 30)
+    else:
+        budget_settled()
     demo.check(f"workload: ReplicaSet {ro.APP} {ro.REPLICAS}/{ro.REPLICAS} Ready, PodDisruptionBudget "
                f"minAvailable {ro.MIN_AVAILABLE}", ok and budget.get("disruptionsAllowed") == 1,
                f"pods per node { {n: len(v) for n, v in sorted(placement.items())} }, disruptionsAllowed "
