@@ -1098,6 +1098,26 @@ static int watch_state_dir(void)
  * first look, so no write between the look and the sleep is missed; a re-read every second stays as the
  * safety net (a directory replaced under us; GPUSIM_EVENT_FALLBACK_MS changes it), and without inotify
  * the wait polls every 20 ms as before. */
+/* Sleep up to ``left`` seconds for the state file's directory to change (``wfd``), or 20 ms without a watch. */
+static void sleep_for_state_change(int wfd, double left)
+{
+    if (wfd < 0) {
+        double step = left < 0.02 ? left : 0.02;
+        struct timespec ts = {0, (long)(step * 1e9)};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    const char *fb = getenv("GPUSIM_EVENT_FALLBACK_MS"); /* tests: prove the watch alone wakes us */
+    double fallback = fb && atoi(fb) > 0 ? atoi(fb) / 1000.0 : 1.0;
+    double step = left < fallback ? left : fallback;
+    struct pollfd pfd = {wfd, POLLIN, 0};
+    if (poll(&pfd, 1, (int)(step * 1000.0) + 1) > 0) {
+        char buf[4096];
+        while (read(wfd, buf, sizeof(buf)) > 0)
+            ;
+    }
+}
+
 NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     nvmlReturn_t r = enter("nvmlEventSetWait_v2", 1);
@@ -1108,43 +1128,30 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
     double deadline = now_s() + timeoutms / 1000.0;
     int wfd = watch_state_dir();
     refresh_state();
+    nvmlReturn_t ret = NVML_ERROR_TIMEOUT; /* returned with the lock already released */
     for (;;) {
         if (next_event(set, data)) {
-            if (wfd >= 0)
-                close(wfd);
-            return leave(NVML_SUCCESS);
+            ret = leave(NVML_SUCCESS);
+            break;
         }
-        for (int i = 0; i < cur->ngpus; i++) /* documented: GPU_IS_LOST if a (registered) GPU fell off */
-            if (set->mask[i] && cur->gpu[i].lost) {
-                if (wfd >= 0)
-                    close(wfd);
-                return leave(NVML_ERROR_GPU_IS_LOST);
-            }
+        int lost = 0; /* documented: GPU_IS_LOST if a (registered) GPU fell off */
+        for (int i = 0; i < cur->ngpus; i++)
+            lost |= set->mask[i] && cur->gpu[i].lost;
+        if (lost) {
+            ret = leave(NVML_ERROR_GPU_IS_LOST);
+            break;
+        }
         pthread_mutex_unlock(&lock);
         double left = deadline - now_s();
-        if (left <= 0) {
-            if (wfd >= 0)
-                close(wfd);
-            return NVML_ERROR_TIMEOUT;
-        }
-        if (wfd >= 0) {
-            const char *fb = getenv("GPUSIM_EVENT_FALLBACK_MS"); /* tests: prove the watch alone wakes us */
-            double fallback = fb && atoi(fb) > 0 ? atoi(fb) / 1000.0 : 1.0;
-            double step = left < fallback ? left : fallback;
-            struct pollfd pfd = {wfd, POLLIN, 0};
-            if (poll(&pfd, 1, (int)(step * 1000.0) + 1) > 0) {
-                char buf[4096];
-                while (read(wfd, buf, sizeof(buf)) > 0)
-                    ;
-            }
-        } else {
-            double step = left < 0.02 ? left : 0.02;
-            struct timespec ts = {0, (long)(step * 1e9)};
-            nanosleep(&ts, NULL);
-        }
+        if (left <= 0)
+            break;
+        sleep_for_state_change(wfd, left);
         pthread_mutex_lock(&lock);
         refresh_state();
     }
+    if (wfd >= 0)
+        close(wfd);
+    return ret;
 }
 
 NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)

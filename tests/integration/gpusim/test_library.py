@@ -303,52 +303,41 @@ def test_xid_events_in_seq_order_once_per_process(gpusim_node: GpusimNode) -> No
     assert [e[1] for e in result(gpusim_node, code)["got"]] == [79, 13]
 
 
-def test_xid_added_while_waiting_is_delivered(gpusim_node: GpusimNode) -> None:
-    code = """
+def _xid_written_while_waiting(node: GpusimNode, gpu: int, xid: int, wait_ms: int,
+                               env: dict[str, str] | None = None, **xid_kw: object) -> list:
+    """A process registers GPU ``gpu`` and waits up to ``wait_ms``; the XID is written once it waits.
+    Returns what its wait answered: [uuid, xid]."""
+    code = f"""
         n.nvmlInit()
         es = n.nvmlEventSetCreate()
-        n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(7), n.nvmlEventTypeXidCriticalError, es)
+        n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex({gpu}), n.nvmlEventTypeXidCriticalError, es)
         print("ready", flush=True)
-        d = n.nvmlEventSetWait_v2(es, 10000)
+        d = n.nvmlEventSetWait_v2(es, {wait_ms})
         out([n.nvmlDeviceGetUUID(d.device), d.eventData])
     """
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=gpusim_node.env(),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+                            env={**node.env(), **(env or {})}, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        gpusim_node.add_xid(7, 94, gi_id=None)
-        out, _ = proc.communicate(timeout=10)
-        assert json.loads(out.strip()) == [SEED_GPUS[7], 94]
+        time.sleep(0.3)  # inside the wait, past its first look
+        node.add_xid(gpu, xid, **xid_kw)
+        out, _ = proc.communicate(timeout=15)
+        return json.loads(out.strip())
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_xid_added_while_waiting_is_delivered(gpusim_node: GpusimNode) -> None:
+    assert _xid_written_while_waiting(gpusim_node, 7, 94, 10000, gi_id=None) == [SEED_GPUS[7], 94]
 
 
 def test_a_waiting_process_is_woken_by_the_state_write_not_by_polling(gpusim_node: GpusimNode) -> None:
     """The event wait sleeps until the state file's directory changes, as the real driver sleeps until it
     has an event: with the safety-net re-read pushed to 60 s, only the watch can deliver the XID in time."""
-    code = """
-        n.nvmlInit()
-        es = n.nvmlEventSetCreate()
-        n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(2), n.nvmlEventTypeXidCriticalError, es)
-        print("ready", flush=True)
-        d = n.nvmlEventSetWait_v2(es, 30000)
-        out([n.nvmlDeviceGetUUID(d.device), d.eventData])
-    """
-    env = {**gpusim_node.env(), "GPUSIM_EVENT_FALLBACK_MS": "60000"}
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.3)  # inside the wait, past its first look
-        gpusim_node.add_xid(2, 79)
-        out, _ = proc.communicate(timeout=15)
-        assert json.loads(out.strip()) == [SEED_GPUS[2], 79]
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    got = _xid_written_while_waiting(gpusim_node, 2, 79, 30000, env={"GPUSIM_EVENT_FALLBACK_MS": "60000"})
+    assert got == [SEED_GPUS[2], 79]
 
 
 def test_state_changes_are_seen_by_a_running_process(gpusim_node: GpusimNode) -> None:
