@@ -61,6 +61,7 @@ VARIANTS = (
     "gather-all",
     "free-quiet",
     "poll",
+    "linear-builtin",
     "nopipe",
     "podman",
     "profile",
@@ -108,6 +109,8 @@ def variant_env(name: str, forks: int, run_dir: Path) -> dict[str, str]:
             "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache_dir),
             "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400",
         }
+    if name == "linear-builtin":  # Ansible's own linear strategy instead of hami.node.linear_fleet
+        return {**env, "ANSIBLE_STRATEGY": "linear"}
     if name == "nopipe":  # modules copied to a temporary directory and run, as without pipelining over ssh
         return {**env, "HAMI_FLEETBENCH_NO_PIPELINING": "1", "ANSIBLE_PIPELINING": "False"}
     if name == "profile":
@@ -687,6 +690,7 @@ class Bench:
         return out
 
     def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # a check that fails first still leaves its JSON
         (self.run_dir / "fleet.json").write_text(json.dumps(self.results, indent=2, default=str))
 
     def cleanup(self) -> None:

@@ -34,6 +34,7 @@ ALLOWED_FILES = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "py
 ALLOWED_PREFIXES = ("agent/hami_agent/", "dashboards/", "docs/", "playbooks/", "plugins/callback/",
                     "plugins/doc_fragments/",
                     "plugins/connection/", "plugins/filter/", "plugins/modules/", "plugins/module_utils/",
+                    "plugins/strategy/",
                     "roles/", "inventories/example/", "tools/")
 
 # Generated paths .gitignore does not list (tools that write them are run from other directories too).
