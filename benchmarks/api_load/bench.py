@@ -102,6 +102,7 @@ class Fleet:
     kubelets: dict[str, Any] = field(default_factory=dict)
     agents: list[Agent] = field(default_factory=list)
     users: dict[str, str] = field(default_factory=dict)  # username -> node
+    metrics_urls: list[str] = field(default_factory=list)  # each monitor's /metrics
 
     def start(self) -> None:
         from tests.gpusim import gpusim_state as gs
@@ -135,9 +136,11 @@ class Fleet:
                 "device-plugin", *common, "--device-plugin-dir", str(root / "plugins"),
                 "--metrics-bind", "none", "--vgpu-lock-dir", str(root / "vgpulock"),
                 "--mig-apply-lock", str(root / "mig.lock")])
+            port = free_port()
+            self.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
             self._spawn(name, "monitor", env, root, [
                 "monitor", *common, "--dir", str(root / "regions"),
-                "--metrics-bind", f"127.0.0.1:{free_port()}", "--mig-apply-lock", str(root / "mig.lock")])
+                "--metrics-bind", f"127.0.0.1:{port}", "--mig-apply-lock", str(root / "mig.lock")])
 
     def _spawn(self, node: str, kind: str, env: dict, root: Path, args: list[str]) -> None:
         log = root / f"{kind}.log"
@@ -194,6 +197,41 @@ class Fleet:
             threading.Thread(target=k.close, daemon=True).start()
         if self.api is not None:
             self.api.close()
+
+
+class Scraper:
+    """Prometheus as a node meets it: every monitor's /metrics read every ``every_s`` seconds, the targets
+    spread over the period. An idle node is not an unread one: what the monitor does per scrape counts."""
+
+    def __init__(self, urls: list[str], every_s: float) -> None:
+        self.urls, self.every_s = urls, every_s
+        self.scrapes = self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="scraper", daemon=True)
+
+    def start(self) -> Scraper:
+        if self.every_s > 0 and self.urls:
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        import urllib.request
+
+        step = self.every_s / len(self.urls)
+        i = 0
+        while not self._stop.wait(step):
+            try:
+                with urllib.request.urlopen(self.urls[i % len(self.urls)], timeout=5) as resp:
+                    resp.read()
+                self.scrapes += 1
+            except OSError:
+                self.failures += 1
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
 
 
 # ------------------------------------------------------------------------------------------ churn
@@ -333,16 +371,18 @@ def agent_usage(fleet: Fleet, seconds: float) -> dict[str, Any]:
     return rows
 
 
-def run(nodes: int, minutes: float, churn_pods: int) -> dict[str, Any]:
+def run(nodes: int, minutes: float, churn_pods: int, scrape_every_s: float = 15.0) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="hami-apiload-", dir="/tmp"))
     fleet = Fleet(nodes, tmp)
-    result: dict[str, Any] = {"nodes": nodes, "minutes": minutes}
+    result: dict[str, Any] = {"nodes": nodes, "minutes": minutes, "scrape_every_s": scrape_every_s}
+    scraper: Scraper | None = None
     try:
         t0 = time.monotonic()
         fleet.start()
         fleet.wait_ready(180)
         result["startup_s"] = time.monotonic() - t0
         time.sleep(5)  # informers synced, watches open, first register patches done
+        scraper = Scraper(fleet.metrics_urls, scrape_every_s).start()
         # ---- idle
         fleet.api.accounting.reset()
         fleet.cpu_mark()
@@ -353,6 +393,7 @@ def run(nodes: int, minutes: float, churn_pods: int) -> dict[str, Any]:
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
         result["idle"] = per_node_hour(fleet, window)
         result["idle_agents"] = agent_usage(fleet, window)
+        result["idle_scrapes"] = {"ok": scraper.scrapes, "failed": scraper.failures}
         # ---- churn
         if churn_pods:
             churn = Churn(fleet)
@@ -375,6 +416,8 @@ def run(nodes: int, minutes: float, churn_pods: int) -> dict[str, Any]:
             finally:
                 churn.stop()
     finally:
+        if scraper is not None:
+            scraper.stop()
         fleet.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return result
@@ -406,7 +449,9 @@ def figures(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         own = (agents["device-plugin"]["cpu_pct"] + agents["monitor"]["cpu_pct"]) * 10
         workers = sum(agents[k].get("worker_cpu_pct", 0.0) for k in ("device-plugin", "monitor")) * 10
         per_node = own + workers
-        rows.append(("api-load: idle device plugin + monitor CPU per node, NVML workers included",
+        every = r.get("scrape_every_s")
+        scraped = f", /metrics read every {every:g} s" if every else ", never scraped"
+        rows.append((f"api-load: idle device plugin + monitor CPU per node, NVML workers included{scraped}",
                      f"{per_node:.2f} ms/s (agents {own:.2f}, their NVML workers {workers:.2f})",
                      "<= 1 ms/s", per_node <= 1.0))
     if "churn" in r:
@@ -425,13 +470,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=10)
     p.add_argument("--minutes", type=float, default=2.0, help="length of the idle and of the churn window")
     p.add_argument("--churn-pods", type=int, default=None, help="pods per churn wave (default: 2 per node)")
+    p.add_argument("--scrape-every", type=float, default=15.0,
+                   help="read each monitor's /metrics this often, like Prometheus (default 15 s; 0: never)")
     p.add_argument("--quick", action="store_true", help="3 nodes, 20 s windows")
     p.add_argument("--json", action="store_true")
     goals.add_flag(p)
     args = p.parse_args(argv)
     nodes, minutes = (3, 1 / 3) if args.quick else (args.nodes, args.minutes)
     churn = args.churn_pods if args.churn_pods is not None else 2 * nodes
-    r = run(nodes, minutes, churn)
+    if args.scrape_every < 0:
+        p.error("--scrape-every: seconds >= 0 (0: no scraping)")
+    r = run(nodes, minutes, churn, args.scrape_every)
     SUMMARY[:] = figures(r)
     if args.json:
         print(json.dumps(r, indent=2))
@@ -447,6 +496,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {phase}: per node per hour: {verbs or 'no requests'}; writes {d['_writes']:.1f}; outside "
               f"watches {d['_non_watch']:.1f}; {d['_bytes'] / 1024:.1f} KiB")
     idle = r["idle"]
+    sc = r.get("idle_scrapes", {})
+    if r["scrape_every_s"]:
+        print(f"  idle window: /metrics read {sc.get('ok', 0)} times ({sc.get('failed', 0)} failed), "
+              f"every {r['scrape_every_s']:g} s per monitor")
+    else:
+        print("  idle window: nothing scraped")
     print(f"  idle fleet of {FLEET} nodes: {idle['_total'] * FLEET / 3600:.2f} requests/s measured; each "
           "node keeps 3 watches (plugin: its pods, its node; monitor: its pods) re-opened every 5-10 min "
           f"(server-side timeout, jittered): ~{3 * 3600 / 450:.0f} re-opens per node per hour, "

@@ -109,8 +109,6 @@ def variant_env(name: str, forks: int, run_dir: Path) -> dict[str, str]:
             "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache_dir),
             "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400",
         }
-    if name == "linear-builtin":  # Ansible's own linear strategy instead of hami.node.linear_fleet
-        return {**env, "ANSIBLE_STRATEGY": "linear"}
     if name == "nopipe":  # modules copied to a temporary directory and run, as without pipelining over ssh
         return {**env, "HAMI_FLEETBENCH_NO_PIPELINING": "1", "ANSIBLE_PIPELINING": "False"}
     if name == "profile":
@@ -140,7 +138,7 @@ def poll_cfg(text: str, interval: float) -> str:
     return out.getvalue()
 
 
-PLAYBOOK_VARIANTS = ("gather-all", "facts-cache", "free-quiet")
+PLAYBOOK_VARIANTS = ("gather-all", "facts-cache", "free-quiet", "linear-builtin")
 SETUP = ("ansible.builtin.setup", "setup")
 
 
@@ -168,7 +166,9 @@ def site_variant(text: str, variant: str) -> str:
       ``distribution`` saves;
     - ``facts-cache``: the plan play's ``setup`` runs only for a host without cached facts (with a fact cache
       plugin in the environment, a second run gathers nothing);
-    - ``free-quiet``: the converge play (nothing disruptive; order does not matter) under ``strategy: free``.
+    - ``free-quiet``: the converge play (nothing disruptive; order does not matter) under ``strategy: free``;
+    - ``linear-builtin``: site.yml's plays under Ansible's own ``linear``, not ``hami.node.linear_fleet``
+      (parts/roll.yml keeps its strategy: a converged run rolls no node).
     """
     import yaml
 
@@ -201,6 +201,12 @@ def site_variant(text: str, variant: str) -> str:
             raise ValueError("site.yml has no converge play")
         for p in hits:
             p["strategy"] = "free"
+    elif variant == "linear-builtin":
+        hits = [p for p in plays if "linear_fleet" in str(p.get("strategy", ""))]
+        if not hits:
+            raise ValueError("site.yml has no play under hami.node.linear_fleet")
+        for p in hits:
+            p["strategy"] = "ansible.builtin.linear"
     else:
         raise ValueError(variant)
     return "---\n" + yaml.safe_dump(plays, sort_keys=False, width=4096)

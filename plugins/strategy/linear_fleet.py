@@ -33,11 +33,11 @@ DOCUMENTATION = r"""
     author: hami.node developers
 """
 
-import time
-from multiprocessing.connection import wait as wait_for_any
+import time  # noqa: E402
+from multiprocessing.connection import wait as wait_for_any  # noqa: E402
 
-from ansible.errors import AnsibleError
-from ansible.plugins.strategy.linear import StrategyModule as LinearStrategyModule
+from ansible.errors import AnsibleError  # noqa: E402
+from ansible.plugins.strategy.linear import StrategyModule as LinearStrategyModule  # noqa: E402
 
 # A bound on every sleep, so a terminated run (Ctrl-C, a fatal error) is noticed within it.
 WORKER_WAIT_S = 1.0

@@ -137,6 +137,7 @@ class RegionMonitor(Collector):
         pod_resolver: PodResolver | None = None,
         pod_refresh_s: float = 30.0,
         host_source: HostSource | None = None,
+        host_max_age_s: float = 60.0,
     ):
         self.root = root
         self.node_name = node_name
@@ -156,6 +157,10 @@ class RegionMonitor(Collector):
         self._known_errors: dict[str, str] = {}
         self._host: list[HostGpuSample] | None = None
         self._host_error: str | None = None
+        self.host_max_age_s = host_max_age_s
+        self._host_at: float | None = None  # monotonic time of the last host sample
+        self._scrapes: list[float] = []  # monotonic times of the last two scrapes
+        self._clock = time.monotonic  # tests step it
 
     # -- scanning -------------------------------------------------------------------------------
     def refresh(self) -> ScanResult:
@@ -182,8 +187,9 @@ class RegionMonitor(Collector):
                     else:
                         log.v(logger, 3, "skipping region %s: %s", p, msg)
             self._known_errors = dict(res.errors)
-        if self.host_source is not None:
+        if self.host_source is not None and self._host_sample_due(self._clock()):
             # Sampled here, not per scrape: NVML runs in a child process and must not slow /metrics.
+            self._host_at = self._clock()
             try:
                 host, err = self.host_source(), None
             except Exception as exc:
@@ -197,6 +203,26 @@ class RegionMonitor(Collector):
             logger, 5, "scanned %s: %d regions, %d skipped", self.root, len(res.containers), len(res.errors)
         )
         return res
+
+    def _host_sample_due(self, now: float) -> bool:
+        """Whether this scan asks NVML for the host GPUs: as often as someone reads them, not every scan.
+
+        A sample is taken one scan interval before the next scrape is expected (the gap between the last
+        two scrapes), so a scrape still reads a sample at most about one interval old, as when every scan
+        sampled; with nobody scraping, once per ``host_max_age_s``. A change of the MIG apply lock is
+        acted on at the next scan, as before (the worker is released or started at once).
+        """
+        if self._host_at is None or now - self._host_at >= self.host_max_age_s:
+            return True
+        pause_changed = getattr(self.host_source, "pause_changed", None)
+        if callable(pause_changed) and pause_changed():
+            return True
+        with self._lock:
+            scrapes = list(self._scrapes)
+        if not scrapes or scrapes[-1] < self._host_at:
+            return False  # nobody has read the last sample yet
+        gap = scrapes[-1] - scrapes[0] if len(scrapes) == 2 else 0.0
+        return now >= scrapes[-1] + gap - 1.5 * self.interval_s
 
     def start(self) -> None:
         if self._thread is not None:
@@ -231,6 +257,8 @@ class RegionMonitor(Collector):
         return []  # dynamic collector: families depend on the scan
 
     def collect(self) -> Iterator:
+        with self._lock:
+            self._scrapes = [*self._scrapes[-1:], self._clock()]
         res, pods = self.snapshot()
         now = int(time.time())
 

@@ -41,6 +41,10 @@ class HostGpuSource:
     def mig_locked(self) -> bool:
         return self.lock.held()  # the device plugin's trust rule (hami_agent.miglock)
 
+    def pause_changed(self) -> bool:
+        """The MIG apply lock appeared or went away since the last sample: the next one must act on it."""
+        return self.mig_locked() != self.paused
+
     def __call__(self) -> list[HostGpuSample] | None:
         """The GPUs' usage, or None while paused. Raises NvmlError (the caller logs it once)."""
         if self.mig_locked():

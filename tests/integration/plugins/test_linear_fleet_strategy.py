@@ -72,7 +72,8 @@ def run(tmp_path: Path, strategy: str) -> tuple[subprocess.CompletedProcess, dic
     inv.write_text(
         "[fleet]\n"
         + "".join(
-            f"h{i} ansible_connection=local ansible_python_interpreter={sys.executable}\n" for i in range(HOSTS)
+            f"h{i} ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+            for i in range(HOSTS)
         )
     )
     book = work / "play.yml"

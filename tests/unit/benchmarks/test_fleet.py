@@ -277,6 +277,20 @@ def test_site_variants_change_one_thing_and_nothing_else() -> None:
         bench.site_variant("---\n- name: no plan\n  hosts: all\n  tasks: []\n", "facts-cache")
 
 
+def test_the_builtin_linear_variant_changes_only_the_strategy_of_site_yml() -> None:
+    real = (bench.REPO / "playbooks" / "site.yml").read_text()
+    base = yaml.safe_load(real)
+    builtin = yaml.safe_load(bench.site_variant(real, "linear-builtin"))
+    ours = [i for i, p in enumerate(base) if "hami.node.linear_fleet" in str(p.get("strategy", ""))]
+    assert len(ours) >= 4  # reach, plan, converge, account at least
+    for i in ours:
+        assert builtin[i].pop("strategy") == "ansible.builtin.linear"
+        base[i].pop("strategy")
+    assert builtin == base
+    with pytest.raises(ValueError):
+        bench.site_variant(SITE, "linear-builtin")  # nothing under linear_fleet: an error, not a no-op
+
+
 def test_variant_environments(tmp_path: Path) -> None:
     assert bench.variant_env("forks25", 50, tmp_path) == {"ANSIBLE_FORKS": "25"}
     env = bench.variant_env("facts-cache", 50, tmp_path)

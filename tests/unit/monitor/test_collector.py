@@ -161,6 +161,72 @@ def test_host_metrics_from_source(tmp_path):
     assert s["HostGPUMemoryUsage"] == [(legacy, 5.0 * MIB)] and s["HostCoreUtilization"] == [(legacy, 42.0)]
 
 
+class CountingSource:
+    """A host source that counts the samples it was asked for (each one NVML round trip in the product)."""
+
+    def __init__(self):
+        self.calls = 0
+        self.lock_changed = False
+
+    def __call__(self):
+        self.calls += 1
+        return [HostGpuSample(0, "GPU-x", "NVIDIA-H100", self.calls * MIB, 1)]
+
+    def pause_changed(self):
+        return self.lock_changed
+
+
+def stepped(mon):
+    now = [1000.0]
+    mon._clock = lambda: now[0]
+    return now
+
+
+def test_host_gpus_are_sampled_as_often_as_they_are_read_not_every_scan(tmp_path):
+    src = CountingSource()
+    mon, reg = monitor(tmp_path, host_source=src, interval_s=5.0)
+    now = stepped(mon)
+    taken_at = {}
+
+    def scan(t):
+        now[0] = 1000.0 + t
+        before = src.calls
+        mon.refresh()
+        if src.calls > before:
+            taken_at[src.calls] = t
+
+    def scrape(t):  # which sample /metrics serves (the fake's memory is its sample number)
+        now[0] = 1000.0 + t
+        return int(samples(reg)["hami_host_gpu_memory_used_bytes"][0][1] / MIB)
+
+    read = {}
+    for t in range(0, 75, 5):  # scans every 5 s; Prometheus every 15 s from t=27
+        scan(t)
+        if t + 2 in (27, 42, 57, 72):
+            read[t + 2] = scrape(t + 2)
+    assert src.calls == 4  # 15 scans, 4 scrapes: one sample per scrape (it was one per scan)
+    assert read == {27: 1, 42: 2, 57: 3, 72: 4}  # every scrape reads a sample newer than the last one read
+    # once the scrape period is known, the sample is taken just before the scrape: at most 1.5 scans old
+    assert all(t - taken_at[n] <= 7.5 for t, n in read.items() if t >= 57)
+
+
+def test_host_gpus_are_sampled_within_a_minute_without_scrapes_and_at_once_on_a_mig_lock_change(tmp_path):
+    src = CountingSource()
+    mon, _reg = monitor(tmp_path, host_source=src, interval_s=5.0)
+    now = stepped(mon)
+    mon.refresh()
+    now[0] += 59
+    mon.refresh()
+    assert src.calls == 1
+    now[0] += 1
+    mon.refresh()
+    assert src.calls == 2  # host_max_age_s (60 s) reached
+    src.lock_changed = True  # the MIG apply lock appeared: the source must release NVML now
+    now[0] += 5
+    mon.refresh()
+    assert src.calls == 3
+
+
 def test_nvml_health_of_the_host_source_is_exported(tmp_path):
     """A paused (MIG apply lock) or unkillable NVML shows as gauges, and no stale host samples."""
     from hami_agent.monitor.hostgpu import HostNvmlStatus
