@@ -450,9 +450,9 @@ def figures(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         workers = sum(agents[k].get("worker_cpu_pct", 0.0) for k in ("device-plugin", "monitor")) * 10
         per_node = own + workers
         every = r.get("scrape_every_s")
-        scraped = f", /metrics read every {every:g} s" if every else ", never scraped"
-        rows.append((f"api-load: idle device plugin + monitor CPU per node, NVML workers included{scraped}",
-                     f"{per_node:.2f} ms/s (agents {own:.2f}, their NVML workers {workers:.2f})",
+        scraped = f"; /metrics read every {every:g} s" if every else "; never scraped"
+        rows.append(("api-load: idle device plugin + monitor CPU per node, NVML workers included",
+                     f"{per_node:.2f} ms/s (agents {own:.2f}, their NVML workers {workers:.2f}{scraped})",
                      "<= 1 ms/s", per_node <= 1.0))
     if "churn" in r:
         ch = r["churn"]

@@ -35,4 +35,4 @@ def test_idle_cpu_within_the_budget_is_met():
 def test_the_agents_nvml_workers_count_against_the_budget():
     """The workers are the agents' own processes: an idle node pays for them too."""
     row = _row(figures(_result(0.05, 0.02, (0.02, 0.02))), FIGURE)
-    assert row[1] == "1.10 ms/s (agents 0.70, their NVML workers 0.40)" and row[3] is False
+    assert row[1] == "1.10 ms/s (agents 0.70, their NVML workers 0.40; never scraped)" and row[3] is False
