@@ -187,9 +187,10 @@ class RegionMonitor(Collector):
                     else:
                         log.v(logger, 3, "skipping region %s: %s", p, msg)
             self._known_errors = dict(res.errors)
-        if self.host_source is not None and self._host_sample_due(self._clock()):
+        now = self._clock()
+        if self.host_source is not None and self._host_sample_due(now):
             # Sampled here, not per scrape: NVML runs in a child process and must not slow /metrics.
-            self._host_at = self._clock()
+            self._host_at = now
             try:
                 host, err = self.host_source(), None
             except Exception as exc:
