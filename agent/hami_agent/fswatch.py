@@ -112,6 +112,8 @@ class DirWatch:
     watch costs no wakeups at all.
     """
 
+    stop_wait_s = 2.0  # how long stop() waits for the thread (it may be inside on_change)
+
     def __init__(self, directories: Iterable[str], on_change: Callable[[], None],
                  name: str = "fswatch") -> None:
         self.directories = sorted({os.path.abspath(d) for d in directories if d})
@@ -124,6 +126,8 @@ class DirWatch:
         self.watched: dict[str, int] = {}  # path -> wd: each directory, or its ancestor while it is missing
         self._stop_r, self._stop_w = -1, -1
         self._thread: threading.Thread | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = False
 
     def start(self) -> bool:
         try:
@@ -142,17 +146,32 @@ class DirWatch:
         return True
 
     def stop(self) -> None:
-        if self._stop_w >= 0:
-            os.write(self._stop_w, b"x")
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            self._thread = None
+        """Ends the thread. Its descriptors are closed by whoever is last to use them: here once the thread
+        has ended, else by the thread on its way out. Closing them under a running thread would hand it a
+        bad descriptor (EBADF in ``os.read``) or, once the number is reused, someone else's file."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            thread, self._thread = self._thread, None
+            if self._stop_w >= 0:
+                os.write(self._stop_w, b"x")
         self.active = False
-        self._close_fd()
-        for fd in (self._stop_r, self._stop_w):
-            if fd >= 0:
-                os.close(fd)
-        self._stop_r = self._stop_w = -1
+        if thread is not None:
+            thread.join(timeout=self.stop_wait_s)
+            if thread.is_alive():
+                logger.warning("inotify watch %s did not stop within %g s; it closes its descriptors when it "
+                               "does", self.name, self.stop_wait_s)
+                return
+        self._close_all()
+
+    def _close_all(self) -> None:
+        with self._stop_lock:
+            self._close_fd()
+            for fd in (self._stop_r, self._stop_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._stop_r = self._stop_w = -1
 
     def _close_fd(self) -> None:
         if self._fd >= 0:
@@ -179,6 +198,13 @@ class DirWatch:
         self.watched = watched
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            if self._stopped:  # stop() may have given up waiting: close them here (a second close is a no-op)
+                self._close_all()
+
+    def _watch(self) -> None:
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)

@@ -143,6 +143,42 @@ def test_stop_ends_the_thread_and_closes_the_descriptor(tmp_path):
     assert thread is not None and not thread.is_alive()
 
 
+def test_stop_while_the_callback_runs_long_leaves_the_descriptors_to_the_thread(tmp_path, monkeypatch):
+    """stop() gives up waiting after ``stop_wait_s``; the thread must not find its descriptors closed
+    under it (that was an ``OSError: [Errno 9] Bad file descriptor`` traceback from ``os.read``)."""
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+
+    def slow_callback() -> None:
+        inside.set()
+        release.wait(BOUND_S)
+
+    w = DirWatch([str(tmp_path)], slow_callback)
+    monkeypatch.setattr(w, "stop_wait_s", 0.05)
+    assert w.start()
+    thread = w._thread
+    (tmp_path / "f").write_text("x")
+    assert inside.wait(BOUND_S)
+    fd = w._fd
+    w.stop()
+    assert thread is not None and thread.is_alive()
+    os.fstat(fd)  # still open: the thread may still read it
+    release.set()
+    thread.join(BOUND_S)
+    assert not thread.is_alive() and errors == []
+    assert w._fd == -1 and w._stop_r == -1 and w._stop_w == -1
+    w.stop()  # a second stop is a no-op
+
+
+def test_stop_twice_is_harmless(tmp_path):
+    w = DirWatch([str(tmp_path)], Calls())
+    assert w.start()
+    w.stop()
+    w.stop()
+    assert w._fd == -1
+
+
 def test_a_directory_that_vanishes_while_being_watched_is_tried_again(tmp_path, monkeypatch):
     real_init = fswatch.inotify_init
 
