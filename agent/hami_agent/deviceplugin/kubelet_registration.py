@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
@@ -40,45 +39,52 @@ def register_once(kubelet_socket: str, resource: str, endpoint: str, dial_timeou
     if not os.path.exists(kubelet_socket):
         raise RegistrationError(f"cannot dial kubelet at {kubelet_socket}: socket does not exist "
                                 "(is the kubelet running?)")
+    req = api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
+                                  options=OPTIONS)
     channel = grpc.insecure_channel(f"unix://{kubelet_socket}")
     try:
-        ready = grpc.channel_ready_future(channel)
-        end = time.monotonic() + dial_timeout_s
+        # The call waits for the connection itself (wait_for_ready), as the kubelet's dial would block. Not
+        # grpc.channel_ready_future: its helper thread polls the channel's state and raises "Cannot monitor
+        # channel state: Channel closed!" when the channel is closed under it (a traceback in our log on
+        # every superseded registration that lost that race).
+        call = api_pb2_grpc.RegistrationStub(channel).Register.future(
+            req, timeout=dial_timeout_s + REGISTER_RPC_TIMEOUT_S, wait_for_ready=True)
         while True:
-            if cancelled is not None and cancelled():
-                ready.cancel()
+            if cancelled is not None and cancelled() and not call.done():
+                call.cancel()  # not yet answered: a superseded registration must not land late
                 raise RegistrationError(f"registration of '{resource}' cancelled (superseded)")
             try:
-                ready.result(timeout=min(0.05, max(0.0, end - time.monotonic())))
-                break
+                call.result(timeout=0.05)
+                return
             except grpc.FutureTimeoutError:
-                if time.monotonic() >= end:
-                    ready.cancel()
-                    raise RegistrationError(f"cannot dial kubelet at {kubelet_socket} within "
-                                            f"{dial_timeout_s:g}s (is the kubelet running?)") from None
-        if cancelled is not None and cancelled():
-            raise RegistrationError(f"registration of '{resource}' cancelled (superseded)")
-        req = api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
-                                      options=OPTIONS)
-        try:
-            api_pb2_grpc.RegistrationStub(channel).Register(req, timeout=REGISTER_RPC_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            details = exc.details() or ""
-            low = details.lower()
-            if "unsupported version" in low or "version" in low and "support" in low:
-                raise RegistrationError(
-                    f"kubelet rejected '{resource}': {details} (this plugin speaks device plugin API "
-                    f"{API_VERSION}; the kubelet is too old or too new)", permanent=True) from None
-            if "already" in low or "taken" in low or "in use" in low:
-                raise RegistrationError(
-                    f"kubelet rejected '{resource}': {details} (another device plugin already serves "
-                    "this resource name; stop it or change resourceCountName)", permanent=True) from None
-            if "invalid" in low and "resource" in low:
-                raise RegistrationError(f"kubelet rejected '{resource}': {details}", permanent=True) from None
-            raise RegistrationError(f"Register '{resource}' with kubelet failed: "
-                                    f"{exc.code().name} {details}") from None
+                continue
+            except grpc.FutureCancelledError:
+                raise RegistrationError(f"registration of '{resource}' cancelled (superseded)") from None
+            except grpc.RpcError as exc:
+                raise _refusal(exc, resource, kubelet_socket, dial_timeout_s) from None
     finally:
         channel.close()
+
+
+def _refusal(exc: grpc.RpcError, resource: str, kubelet_socket: str,
+             dial_timeout_s: float) -> RegistrationError:
+    details = exc.details() or ""
+    low = details.lower()
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        waited = dial_timeout_s + REGISTER_RPC_TIMEOUT_S
+        return RegistrationError(f"Register '{resource}' with the kubelet at {kubelet_socket}: no answer "
+                                 f"within {waited:g}s (is the kubelet running?)")
+    if "unsupported version" in low or "version" in low and "support" in low:
+        return RegistrationError(
+            f"kubelet rejected '{resource}': {details} (this plugin speaks device plugin API "
+            f"{API_VERSION}; the kubelet is too old or too new)", permanent=True)
+    if "already" in low or "taken" in low or "in use" in low:
+        return RegistrationError(
+            f"kubelet rejected '{resource}': {details} (another device plugin already serves "
+            "this resource name; stop it or change resourceCountName)", permanent=True)
+    if "invalid" in low and "resource" in low:
+        return RegistrationError(f"kubelet rejected '{resource}': {details}", permanent=True)
+    return RegistrationError(f"Register '{resource}' with kubelet failed: {exc.code().name} {details}")
 
 
 def register_with_retry(kubelet_socket: str, resource: str, endpoint: str, dial_timeout_s: float,

@@ -137,6 +137,9 @@ def test_simulated_kubelet_reproduces_the_seed_003_stall_with_a_blocking_plugin(
     try:
         register_once(k.socket_path, "nvidia.com/mig-3g.48gb", "blocking.sock", 5)
         assert k.wait_registered("nvidia.com/mig-3g.48gb", 5, min_devices=4)
+        # the stream's thread logs the update just after it is recorded: let it land before the admissions,
+        # whose log lines the test reads last
+        assert k.wait_for(lambda: any("Processed device updates" in ln for ln in k.log.lines), 5)
         gpu_pod = {
             "metadata": {"name": "neal-0729-6", "namespace": "mck-test", "uid": "69e0758e"},
             "spec": {"containers": [ctr("neal-0729-6", 1, resource="nvidia.com/mig-3g.48gb")]},

@@ -29,6 +29,46 @@ def test_register_without_kubelet_is_a_clear_transient_error(sock_dir):
     assert not err.value.permanent
 
 
+def test_a_superseded_registration_leaves_no_thread_behind_to_fail(sock_dir, monkeypatch):
+    """A registration cancelled while it waits for the kubelet closes its channel at once. gRPC's
+    ``channel_ready_future`` had a helper thread polling that channel, which then died with "Cannot monitor
+    channel state: Channel closed!" (a traceback the chaos soak counts as a crash)."""
+    import socket
+
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    path = os.path.join(sock_dir, "kubelet.sock")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(path)  # a socket file nobody listens on: a kubelet that is restarting
+    try:
+        for i in range(40):  # cancelled at different points of the helper's 0.2 s poll cycle
+            t0 = time.monotonic()
+            with pytest.raises(RegistrationError, match="cancelled .superseded."):
+                register_once(path, "nvidia.com/gpu", "nvidia-gpu.sock", 5.0,
+                              cancelled=lambda t0=t0, i=i: time.monotonic() - t0 > 0.01 * (i % 25))
+        time.sleep(0.5)  # a helper thread left behind would fail within its 0.2 s poll
+    finally:
+        dead.close()
+    assert errors == []
+
+
+def test_a_kubelet_that_never_answers_is_a_transient_error_after_the_deadline(sock_dir, monkeypatch):
+    import socket
+
+    from hami_agent.deviceplugin import kubelet_registration
+
+    monkeypatch.setattr(kubelet_registration, "REGISTER_RPC_TIMEOUT_S", 0.3)
+    path = os.path.join(sock_dir, "kubelet.sock")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(path)
+    try:
+        with pytest.raises(RegistrationError, match="no answer within 0.5s .is the kubelet running.") as err:
+            register_once(path, "nvidia.com/gpu", "nvidia-gpu.sock", 0.2)
+    finally:
+        dead.close()
+    assert not err.value.permanent
+
+
 def test_plugin_registers_once_a_late_kubelet_comes_up(sock_dir, start_plugin):
     r = start_plugin(FakeSource(FakeSnapshot(gpus=full_gpus(1))), device_split_count=2)
     time.sleep(0.5)  # registration is retrying with backoff meanwhile; the plugin is already serving
