@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
+from grpc._cython import cygrpc
 
 T = TypeVar("T")
 
@@ -38,8 +39,23 @@ def loop() -> asyncio.AbstractEventLoop:
         if _loop is None:
             new = asyncio.new_event_loop()
             threading.Thread(target=new.run_forever, name="grpc-aio", daemon=True).start()
+            asyncio.run_coroutine_threadsafe(_hold_grpc_aio(), new).result(CALL_TIMEOUT_S)
             _loop = new
         return _loop
+
+
+async def _hold_grpc_aio() -> None:
+    """Keep grpc.aio's process-wide poller up for the life of the process.
+
+    grpc.aio counts the servers and channels alive (``init_grpc_aio`` / ``shutdown_grpc_aio`` in grpcio's
+    ``_cygrpc/aio/grpc_aio.pyx.pxi``) and shuts its poller down when the count reaches zero, in whichever
+    thread frees the last one. A server stopped and dropped by the device plugin's main thread (a restart, a
+    SIGTERM) then closed the poller's socket under this loop, which was reading it: ``OSError: [Errno 9]
+    Bad file descriptor`` in ``PollerCompletionQueue._handle_events`` (found by the chaos soak). One count
+    taken here, on the loop's own thread as grpc.aio requires, is never given back."""
+    init = getattr(cygrpc, "init_grpc_aio", None)
+    if init is not None:
+        init()
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT_S) -> T:

@@ -77,3 +77,28 @@ def test_stop_ends_a_stream_and_removes_the_socket(served, tmp_path):
     server.stop()
     assert servicer.closed.wait(5)
     assert not (tmp_path / "p.sock").exists()
+
+
+def test_the_poller_outlives_the_last_server(tmp_path):
+    """grpc.aio shuts its poller down when the last server is freed, in the freeing thread, under the loop
+    that reads the poller's socket (EBADF in ``PollerCompletionQueue._handle_events`` on a SIGTERM or a
+    restart). The loop holds grpc.aio for the process's life: the poller thread stays, a new server works."""
+    import gc
+    import time
+
+    def pollers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if "_poll_wrapper" in t.name]
+
+    servicer = _Servicer()
+    for round_ in range(2):
+        server = SocketServer(str(tmp_path / f"p{round_}.sock"),
+                              lambda s: api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, s), 2, "t")
+        server.start()
+        channel = grpc.insecure_channel(f"unix://{server.path}")
+        assert api_pb2_grpc.DevicePluginStub(channel).GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        channel.close()
+        server.stop()
+        del server
+        gc.collect()  # the aio server is freed here, in this thread, as the plugin's main thread frees it
+        time.sleep(0.3)
+        assert pollers(), "grpc.aio's poller was shut down with the last server"
