@@ -149,7 +149,7 @@ class AgentSettings:
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     rpc_deadline_s: float = 2.0  # hard deadline of every kubelet gRPC answer
     nvml_call_timeout_s: float = 5.0  # an NVML call past this marks the worker stuck
-    nvml_refresh_interval_s: float = 10.0
+    nvml_refresh_interval_s: float = 30.0  # as HAMi re-reads its devices (register.go, WatchAndRegister)
     api_timeout_s: float = 10.0  # every Kubernetes API call
     register_interval_s: float = 30.0  # node register loop period (HAMi: 30 s)
     register_retry_s: float = 5.0  # after an error (HAMi: 5 s)

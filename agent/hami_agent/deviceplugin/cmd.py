@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "is private to the container, e.g. HAMi's /tmp/hami/hami-mig-apply.lock)")
     p.add_argument("--nvml-call-timeout", type=float, default=None, help="NVML call deadline (default 5)")
     p.add_argument("--nvml-refresh-interval", type=float, default=None,
-                   help="seconds between NVML inventory refreshes (default 10)")
+                   help="seconds between NVML inventory refreshes (default 30)")
     p.add_argument("--mig-reconcile-interval", type=float, default=5.0,
                    help="operatingmode mig: seconds between checks that destroy the MIG instances of pods "
                         "that are gone (HAMi: 5)")

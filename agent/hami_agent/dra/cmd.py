@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pause NVML while this file exists (default /tmp/hami/hami-mig-apply.lock)")
     p.add_argument("--nvml-call-timeout", type=float, default=None, help="NVML call deadline (default 5)")
     p.add_argument("--nvml-refresh-interval", type=float, default=None,
-                   help="seconds between NVML inventory refreshes (default 10)")
+                   help="seconds between NVML inventory refreshes (default 30)")
 
 
 def build_settings(args: argparse.Namespace, cfg: Any) -> Any:

@@ -44,7 +44,7 @@ class WorkerProcess:
 
     mode: str = "serve"  # serve: answers requests on stdin; watch: pushes inventories and XID events
     lib_path: str | None = None
-    refresh_s: float = 10.0
+    refresh_s: float = 30.0
     call_limit_s: float = 5.0
     events: bool = False
     event_wait_ms: int = EVENT_WAIT_MS

@@ -66,7 +66,7 @@ class _Metrics:
 
 class NvmlSupervisor:
     def __init__(self, lib_path: str | os.PathLike[str] | None = None, call_timeout_s: float = 5.0,
-                 refresh_interval_s: float = 10.0, *, registry: Any = None, watch_events: bool = True,
+                 refresh_interval_s: float = 30.0, *, registry: Any = None, watch_events: bool = True,
                  event_wait_ms: int = EVENT_WAIT_MS, backoff_initial_s: float = 1.0,
                  backoff_max_s: float = 60.0,
                  xid_policy: XidPolicy | None = None, env: Mapping[str, str] | None = None,

@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hami_agent.nvml.worker")
     ap.add_argument("--mode", choices=["serve", "watch"], default="serve")
     ap.add_argument("--lib", default=None)
-    ap.add_argument("--refresh", type=float, default=10.0)
+    ap.add_argument("--refresh", type=float, default=30.0)
     ap.add_argument("--call-limit", type=float, default=5.0)
     ap.add_argument("--events", type=int, default=1)
     ap.add_argument("--event-wait-ms", type=int, default=5000)  # process.EVENT_WAIT_MS
