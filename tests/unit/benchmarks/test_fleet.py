@@ -546,12 +546,14 @@ def test_growth_playbook_keeps_a_fact_only_when_asked() -> None:
                     "workers_ms": 2.0,
                     "rss_mib": 50.0,
                     "kept_kib": 15.0,
+                    "wall_s": 10.0 * w,
                 }
                 for w in (3.0, 1.0, 2.0)
             ]
         )["work_ms"]
         == 2.0
     )
+    assert growth.KEPT["yes"] == (True,) and growth.KEPT["both"] == (False, True)
 
 
 def test_the_collection_link_follows_this_checkout(tmp_path: Path) -> None:
