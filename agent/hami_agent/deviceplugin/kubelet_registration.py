@@ -34,8 +34,8 @@ class RegistrationError(RuntimeError):
 
 def register_once(kubelet_socket: str, resource: str, endpoint: str, dial_timeout_s: float,
                   cancelled: Callable[[], bool] | None = None) -> None:
-    """One Register call. ``cancelled`` is polled while dialing: a registration superseded by a newer
-    one (our server was restarted meanwhile) must not reach the kubelet late and replace the new one."""
+    """One Register call. ``cancelled`` is polled until the kubelet answers: a registration superseded by a
+    newer one (our server was restarted meanwhile) must not reach the kubelet late and replace the new one."""
     if not os.path.exists(kubelet_socket):
         raise RegistrationError(f"cannot dial kubelet at {kubelet_socket}: socket does not exist "
                                 "(is the kubelet running?)")
@@ -49,17 +49,18 @@ def register_once(kubelet_socket: str, resource: str, endpoint: str, dial_timeou
         # every superseded registration that lost that race).
         call = api_pb2_grpc.RegistrationStub(channel).Register.future(
             req, timeout=dial_timeout_s + REGISTER_RPC_TIMEOUT_S, wait_for_ready=True)
+        superseded = f"registration of '{resource}' cancelled (superseded)"
         while True:
             if cancelled is not None and cancelled() and not call.done():
                 call.cancel()  # not yet answered: a superseded registration must not land late
-                raise RegistrationError(f"registration of '{resource}' cancelled (superseded)")
+                raise RegistrationError(superseded)
             try:
                 call.result(timeout=0.05)
                 return
             except grpc.FutureTimeoutError:
                 continue
             except grpc.FutureCancelledError:
-                raise RegistrationError(f"registration of '{resource}' cancelled (superseded)") from None
+                raise RegistrationError(superseded) from None
             except grpc.RpcError as exc:
                 raise _refusal(exc, resource, kubelet_socket, dial_timeout_s) from None
     finally:
