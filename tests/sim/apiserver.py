@@ -59,6 +59,10 @@ from tests.sim.apiserver_store import (
 )
 
 DEFAULT_WATCH_TIMEOUT_S = 1800  # the real server's --min-request-timeout
+# Go net/http: a handler's body up to this size gets a Content-Length, a larger one is chunked; each
+# chunk is one flush of the response's 4 KiB bufio writer
+GO_CHUNKING_BUFFER = 2048
+GO_CHUNK_BYTES = 4096
 
 
 @dataclass
@@ -205,16 +209,29 @@ class _Handler(BaseHTTPRequestHandler):
         return status
 
     def _send_json(self, code: int, payload: Obj, headers: dict[str, str] | None = None) -> None:
+        """As kube-apiserver answers over HTTP/1.1: its response writer sets no Content-Length
+        (``responsewriters/writers.go``), so Go's ``net/http`` sends one only for a body that fits its
+        2,048-byte buffer (``bufferBeforeChunkingSize``) and chunks a larger one."""
         data = json.dumps(payload).encode()
         self.acct_sent += len(data)
+        chunked = len(data) > GO_CHUNKING_BUFFER
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
+            if chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(data)
+            if not chunked:
+                self.wfile.write(data)
+                return
+            for i in range(0, len(data), GO_CHUNK_BYTES):
+                piece = data[i:i + GO_CHUNK_BYTES]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
         except OSError:
             self.close_connection = True
 

@@ -103,6 +103,8 @@ def test_resumes_watch_after_api_server_restart(api_server: ApiServer, kube: Kub
     inf.add_handler(rec.add, rec.update, rec.delete)
     informers.append(inf.start())
     assert inf.wait_synced(5)
+    # the watch is open (its own connection, opened after the list) before the server goes away
+    assert wait_until(lambda: inf.watch_restarts == 1, 5)
     api_server.stop()
     time.sleep(0.5)  # the informer sees the watch break and retries with backoff
     api_server.create(node("gpu-2"))  # written "while down" (straight into the store)
