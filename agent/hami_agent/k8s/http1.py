@@ -342,6 +342,7 @@ def ssl_context_for(configuration: Any) -> ssl.SSLContext:
         ctx.check_hostname = False
     if configuration.cert_file:
         ctx.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+    ctx.set_alpn_protocols(["http/1.1"])  # as urllib3 offers it (util/ssl_.py ALPN_PROTOCOLS)
     return ctx
 
 

@@ -273,10 +273,13 @@ def client_for(path: str) -> KubeClient:
 
 
 def test_tls_with_a_client_certificate(serve, pki, tmp_path) -> None:
-    srv = serve(answer_node, tls=server_tls(pki, require_client=True))
+    tls = server_tls(pki, require_client=True)
+    tls.set_alpn_protocols(["h2", "http/1.1"])  # a server that speaks both gets HTTP/1.1, as asked
+    srv = serve(answer_node, tls=tls)
     kube = client_for(kubeconfig(tmp_path, srv.port, pki, client=pki.scheduler_client))
     try:
         assert kube.get_node("n1")["n"] == 1
+        assert kube._http1_pool()._idle[0].sock.selected_alpn_protocol() == "http/1.1"
         assert kube.get_node("n1")["n"] == 2
         assert kube._http1_pool() is not None  # the lean path served them
         assert srv.connections == 1
