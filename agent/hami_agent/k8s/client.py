@@ -4,10 +4,10 @@
 Built on the official ``kubernetes`` client for what it is good at (kubeconfig / in-cluster loading,
 auth incl. exec plugins and token refresh, its TLS and proxy settings), but with raw JSON bodies: objects
 stay plain dicts in the API's JSON form (camelCase), which is both what the rest of the agent uses and
-several times faster than model deserialization. Requests with a bounded answer go out on ``http1`` (a
-keep-alive HTTP/1.1 client over llhttp, ~4x less CPU per request than urllib3 + ``http.client``) with the
-client's headers, token and TLS settings; watches, and every request of a proxied configuration, on the
-client's own urllib3 pool.
+several times faster than model deserialization. Requests and watches go out on ``http1`` (a keep-alive
+HTTP/1.1 client over llhttp, ~4x less CPU per request than urllib3 + ``http.client``) with the client's
+headers, token and TLS settings; every request of a proxied configuration on the client's own urllib3
+pool.
 
 Every call has a (connect, read) timeout. Transient failures (no response, 429, 5xx) are retried with
 exponential backoff and jitter; 4xx are not retried. Calls that create something (POST) are retried only
@@ -217,7 +217,7 @@ def _query_string(query: dict[str, str] | None) -> str:
 
 
 class KubeClient:
-    """Dicts in, dicts out. Thread-safe (the urllib3 pool is); create one per process and share it."""
+    """Dicts in, dicts out. Thread-safe (both connection pools are); create one per process and share it."""
 
     def __init__(self, api_client: Any, timeout_s: float = 10.0, retry: RetryPolicy | None = None,
                  limiter: RateLimiter | None = None) -> None:
