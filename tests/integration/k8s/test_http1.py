@@ -440,3 +440,37 @@ def test_a_refused_watch_is_the_api_error(serve) -> None:
         assert ei.value.status == 403
     finally:
         kube.close()
+
+
+def test_a_watch_through_the_urllib3_pool_of_a_proxied_configuration(serve, monkeypatch) -> None:
+    """Where http1 cannot go (a proxy), watches take the kubernetes client's urllib3 pool: same events,
+    same close from another thread."""
+    from kubernetes import client as kclient
+
+    hold = threading.Event()
+    events = [{"type": "ADDED", "object": {"kind": "Node", "metadata": {"name": f"n{i}"}}} for i in range(2)]
+    srv = serve(watch_script(events, hold))
+    cfg = kclient.Configuration()
+    cfg.host = f"http://127.0.0.1:{srv.port}"
+    kube = KubeClient(kclient.ApiClient(cfg))
+    monkeypatch.setattr(kube, "_http1_pool", lambda: None)
+    try:
+        stream = kube.watch("nodes", "0", timeout_s=60)
+        seen: list[str] = []
+        ended = threading.Event()
+
+        def read() -> None:
+            for _type, obj in stream:
+                seen.append(obj["metadata"]["name"])
+            ended.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == ["n0", "n1"]
+        stream.close()
+        assert ended.wait(2), "close() did not end the blocked read"
+    finally:
+        hold.set()
+        kube.close()
