@@ -383,6 +383,38 @@ def watch_script(events: list[dict], hold: threading.Event, *, status: str = "20
     return script
 
 
+def plain_client(port: int) -> KubeClient:
+    """A client of a plain-HTTP server, without a kubeconfig."""
+    from kubernetes import client as kclient
+
+    cfg = kclient.Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    return KubeClient(kclient.ApiClient(cfg))
+
+
+def read_then_close(stream, names: list[str]) -> None:
+    """Read ``stream`` in another thread until it has delivered ``names``, check that the reader is then
+    blocked on the silent stream, and that ``close()`` ends that blocked read within 2 s."""
+    seen: list[str] = []
+    ended = threading.Event()
+
+    def read() -> None:
+        for _type, obj in stream:
+            seen.append(obj["metadata"]["name"])
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 5
+    while len(seen) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == names
+    assert not ended.is_set()  # blocked on the silent stream
+    t0 = time.monotonic()
+    stream.close()
+    assert ended.wait(2), "close() did not end the blocked read"
+    assert time.monotonic() - t0 < 2
+
+
 @pytest.mark.parametrize("tls", [False, True])
 def test_a_watch_streams_events_and_close_from_another_thread_ends_a_blocked_read(serve, pki, tmp_path,
                                                                                   tls: bool) -> None:
@@ -391,34 +423,9 @@ def test_a_watch_streams_events_and_close_from_another_thread_ends_a_blocked_rea
                                             "metadata": {"name": f"n{i}", "resourceVersion": str(i)}}}
               for i in range(3)]
     srv = serve(watch_script(events, hold), tls=server_tls(pki, require_client=False) if tls else None)
-    if tls:
-        kube = client_for(kubeconfig(tmp_path, srv.port, pki))
-    else:
-        from kubernetes import client as kclient
-
-        cfg = kclient.Configuration()
-        cfg.host = f"http://127.0.0.1:{srv.port}"
-        kube = KubeClient(kclient.ApiClient(cfg))
+    kube = client_for(kubeconfig(tmp_path, srv.port, pki)) if tls else plain_client(srv.port)
     try:
-        stream = kube.watch("nodes", "0", timeout_s=60)
-        seen: list[str] = []
-        ended = threading.Event()
-
-        def read() -> None:
-            for _type, obj in stream:
-                seen.append(obj["metadata"]["name"])
-            ended.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        deadline = time.monotonic() + 5
-        while len(seen) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert seen == ["n0", "n1", "n2"]
-        assert not ended.is_set()  # blocked on the silent stream
-        t0 = time.monotonic()
-        stream.close()
-        assert ended.wait(2), "close() did not end the blocked read"
-        assert time.monotonic() - t0 < 2
+        read_then_close(kube.watch("nodes", "0", timeout_s=60), ["n0", "n1", "n2"])
         sent = srv.requests[0].decode()
         assert sent.startswith("GET /api/v1/nodes?watch=1&resourceVersion=0&timeoutSeconds=60&"
                                "allowWatchBookmarks=true HTTP/1.1\r\n")
@@ -428,12 +435,8 @@ def test_a_watch_streams_events_and_close_from_another_thread_ends_a_blocked_rea
 
 
 def test_a_refused_watch_is_the_api_error(serve) -> None:
-    from kubernetes import client as kclient
-
     srv = serve(watch_script([], threading.Event(), status="403 Forbidden"))
-    cfg = kclient.Configuration()
-    cfg.host = f"http://127.0.0.1:{srv.port}"
-    kube = KubeClient(kclient.ApiClient(cfg))
+    kube = plain_client(srv.port)
     try:
         with pytest.raises(KubeError, match="nodes is forbidden") as ei:
             kube.watch("nodes", "0", timeout_s=60)
@@ -445,32 +448,13 @@ def test_a_refused_watch_is_the_api_error(serve) -> None:
 def test_a_watch_through_the_urllib3_pool_of_a_proxied_configuration(serve, monkeypatch) -> None:
     """Where http1 cannot go (a proxy), watches take the kubernetes client's urllib3 pool: same events,
     same close from another thread."""
-    from kubernetes import client as kclient
-
     hold = threading.Event()
     events = [{"type": "ADDED", "object": {"kind": "Node", "metadata": {"name": f"n{i}"}}} for i in range(2)]
     srv = serve(watch_script(events, hold))
-    cfg = kclient.Configuration()
-    cfg.host = f"http://127.0.0.1:{srv.port}"
-    kube = KubeClient(kclient.ApiClient(cfg))
+    kube = plain_client(srv.port)
     monkeypatch.setattr(kube, "_http1_pool", lambda: None)
     try:
-        stream = kube.watch("nodes", "0", timeout_s=60)
-        seen: list[str] = []
-        ended = threading.Event()
-
-        def read() -> None:
-            for _type, obj in stream:
-                seen.append(obj["metadata"]["name"])
-            ended.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        deadline = time.monotonic() + 5
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert seen == ["n0", "n1"]
-        stream.close()
-        assert ended.wait(2), "close() did not end the blocked read"
+        read_then_close(kube.watch("nodes", "0", timeout_s=60), ["n0", "n1"])
     finally:
         hold.set()
         kube.close()
