@@ -227,10 +227,10 @@ class Pool:
         self.https = parts.scheme == "https"
         if self.https and ssl_context is None:
             raise ValueError("an https origin needs an ssl_context")
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
         default_port = 443 if self.https else 80
+        self.host = parts.hostname
+        self.port = parts.port or default_port
+        self.prefix = parts.path.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if self.port == default_port else f"{host}:{self.port}"
         self.ssl_context = ssl_context
