@@ -16,13 +16,15 @@ checked: a malformed pod counts nothing and is logged, it never raises into the 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from hami_agent import log
-from hami_agent.protocol import MigPlacement, ProtocolError, decode_pod_devices, keys
+from hami_agent.protocol import ContainerDevice, MigPlacement, ProtocolError, decode_pod_devices, keys
 from hami_agent.protocol.mig import decode_mig_allocations
 from hami_agent.protocol.timefmt import parse_rfc3339
 from hami_agent.scheduler.core.model import DEFAULT_GRACE_S, PREEMPT_LOWER, PREEMPT_NEVER, PodUsage
+from hami_agent.scheduler.core.requests import RequestError, RequestMemo, pod_request
 from hami_agent.scheduler.state.cache import Signature, collapse
 
 logger = logging.getLogger(__name__)
@@ -109,7 +111,7 @@ def pod_usage(pod: dict, mig: tuple[tuple[str, int], ...] = (),
     try:
         if raw and not isinstance(raw, str):
             raise ProtocolError(f"expected a string, got {type(raw).__name__}")
-        containers = decode_pod_devices(raw) if raw else []
+        containers = _decoded_devices(raw) if raw else ()
     except ProtocolError as exc:
         logger.error("pod %s/%s: cannot decode %s: %s", ns, name, keys.DEVICES_ALLOCATED, exc)
         containers = []
@@ -128,11 +130,25 @@ def pod_usage(pod: dict, mig: tuple[tuple[str, int], ...] = (),
                     mig=mig, mig_alloc=mig_reservations_of(ann, ns, name), **preemption_fields(pod))
 
 
+@functools.lru_cache(maxsize=4096)
+def _decoded_devices(raw: str) -> tuple[tuple[ContainerDevice, ...], ...]:
+    """``decode_pod_devices``, remembered by the text: a pod's allocation is read on each of its watch
+    events and never changes (ProtocolError is raised, not remembered)."""
+    return tuple(tuple(c) for c in decode_pod_devices(raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rfc3339_epoch(value: str, what: str) -> float:
+    """Seconds since the epoch of an RFC3339 time, remembered by the text (a pod's timestamps repeat
+    on each of its events)."""
+    return parse_rfc3339(value, what).timestamp()
+
+
 def _epoch(value: object, what: str, ns: str, name: str) -> float:
     if not isinstance(value, str) or not value:
         return 0.0
     try:
-        return parse_rfc3339(value, what).timestamp()
+        return _rfc3339_epoch(value, what)
     except ProtocolError as exc:
         log.v(logger, 3, "pod %s/%s: %s", ns, name, exc)
         return 0.0
@@ -176,18 +192,17 @@ def mig_reservations_of(ann: dict, ns: str, name: str) -> dict[str, tuple[MigPla
     return out
 
 
-def countable_usage(pod: dict, names: object = None,
-                    scheduler_name: str | None = None) -> tuple[PodUsage | None, Signature | None]:
+def countable_usage(pod: dict, names: object = None, scheduler_name: str | None = None,
+                    memo: RequestMemo | None = None) -> tuple[PodUsage | None, Signature | None]:
     """What the usage cache counts for ``pod`` and the signature of its assignment. An allocation on a
     pod that requests no GPU (or whose requests are invalid) counts nothing: no Allocate can have handed
-    it a device, so it can only be forged or stale."""
+    it a device, so it can only be forged or stale. ``memo``: the pod requests of the pods seen before
+    (its ``names`` are used then)."""
     sig = signature(pod)
     if sig is None:
         return None, None
-    from hami_agent.scheduler.core.requests import RequestError, pod_request
-
     try:
-        preq = pod_request(pod, names)
+        preq = memo.request(pod_key(pod)[0], pod) if memo is not None else pod_request(pod, names)
     except RequestError as exc:
         _uid, ns, name = pod_key(pod)
         log.v(logger, 3, "pod %s/%s: allocation not counted: %s", ns, name, exc)

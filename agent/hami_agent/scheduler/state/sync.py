@@ -28,6 +28,7 @@ from hami_agent.scheduler.core.nodes import (
     node_extras,
 )
 from hami_agent.scheduler.core.pdb import Violations, budget
+from hami_agent.scheduler.core.requests import RequestMemo
 from hami_agent.scheduler.state.cache import UsageCache
 from hami_agent.scheduler.state.podinfo import countable_usage, is_terminated, pod_key
 
@@ -45,6 +46,7 @@ class ClusterSync:
         self.scheduler_name = scheduler_name
         self.cache = cache
         self.names = names or RequestConfig()
+        self._requests = RequestMemo(self.names)  # on_pod only: the pod informer delivers one event at a time
         self.is_leader = is_leader
         self.interval_s = interval_s
         self.now = now
@@ -240,9 +242,10 @@ class ClusterSync:
     def on_pod(self, pod: dict) -> None:
         uid, _ns, _name = pod_key(pod)
         if is_terminated(pod):
+            self._requests.forget(uid)
             self._freed(self.cache.observe_gone(uid))
             return
-        usage, sig = countable_usage(pod, self.names, self.scheduler_name)
+        usage, sig = countable_usage(pod, self.names, self.scheduler_name, self._requests)
         self.cache.observe(uid, usage, sig)
 
     def _pending_gone(self, pod: dict) -> None:
@@ -250,7 +253,9 @@ class ClusterSync:
             self.on_pending_gone(pod_key(pod)[0])
 
     def on_pod_delete(self, pod: dict) -> None:
-        self._freed(self.cache.observe_gone(pod_key(pod)[0]))
+        uid = pod_key(pod)[0]
+        self._requests.forget(uid)
+        self._freed(self.cache.observe_gone(uid))
 
     def _freed(self, gone: Any) -> None:
         if gone is not None and gone.devices and self.on_freed is not None:
