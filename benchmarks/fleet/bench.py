@@ -552,6 +552,15 @@ class Bench:
             say(f"hosts: {len(to_unpause)} unpaused; {UNPAUSE_SETTLE_S:.0f} s for their agents to settle")
             time.sleep(UNPAUSE_SETTLE_S)
 
+    def helpers_cpu(self) -> float:
+        """CPU seconds so far of the benchmark's own processes: this one (not its reaped children: the
+        controller is counted by its account), the simulated API server and the simulated kubelets."""
+        t = os.times()
+        pids = [self.procs.pid(n) for n in self.procs.names()]
+        if self.api is not None:
+            pids.append(self.api.proc.pid)
+        return t.user + t.system + sum(_process_cpu_s(p) for p in pids if p)
+
     # -------------------------------------------------------------------------------- measurements
     def measure(
         self,
@@ -576,11 +585,12 @@ class Bench:
         c0, t0 = cgroup_cpu_s(), time.monotonic()
         time.sleep(idle_s)
         idle_rate = ((cgroup_cpu_s() or 0.0) - (c0 or 0.0)) / (time.monotonic() - t0)
-        cpu0, sys0 = cgroup_cpu_s(), _system_cpu()
+        cpu0, sys0, own0 = cgroup_cpu_s(), _system_cpu(), self.helpers_cpu()
         say(f"{tag}: ansible-playbook site.yml over {len(names)} hosts (agents idle {idle_rate:.3f} CPU)")
         r = self.ansible(playbook, invdir, tag, env=env, sliced=bool(self.args.slices))
         host_cpu = (cgroup_cpu_s() or 0.0) - (cpu0 or 0.0)
         system_cpu = _system_cpu() - sys0
+        helpers = self.helpers_cpu() - own0
         doc = r.pop("account")
         processes = doc.pop("processes", {})
         stats = doc.get("stats", {})
@@ -589,6 +599,8 @@ class Bench:
         per_host = model.host_tasks(doc, names)
         tasks = sum(per_host.values())
         cpu = model.cpu_split(doc, host_cpu, idle_rate * r["wall_s"], nested=connection == "fleet_nsenter")
+        background = max(0.0, host_cpu - cpu["host_s"])  # the agents' idle share of the hosts' cgroup
+        foreign = model.foreign_cpu_s(system_cpu, cpu, background, helpers)
         plan_a, plan_b = model.play_window(doc, model.plan_play(doc))
         runs = model.module_runs(doc, names)
         row = {
@@ -610,6 +622,9 @@ class Bench:
             "lines_per_host": r["lines"] / max(1, len(names)),
             "cpu": cpu,
             "system_cpu_s": system_cpu,
+            "helpers_cpu_s": helpers,
+            "foreign_cpu_s": foreign,
+            "foreign_share": foreign / system_cpu if system_cpu > 0 else 0.0,
             "agents_idle_cpu": idle_rate,
             "plan_api": model.api_by_verb(plan_a, plan_b),
             "plan_api_agents": model.api_by_verb(plan_a, plan_b, agents=True),
@@ -733,6 +748,16 @@ def top_functions(path: str, n: int = 20) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["own_s"])[:n]
 
 
+def _process_cpu_s(pid: int) -> float:
+    """utime + stime of a live process (its threads included, its reaped children not), 0 when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            f = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _system_cpu() -> float:
     """CPU seconds of the whole machine so far (all but idle and iowait), from /proc/stat."""
     with open("/proc/stat") as fh:
@@ -760,6 +785,15 @@ def figures(results: dict[str, Any], *, forks: int, cores: int, rtt_s: float) ->
             ", ".join(f"{r:.2f}x for {h:.0f}x hosts" for _, _, r, h in g) or "-",
             "linear or better",
             model.linear_or_better(pts),
+        )
+    )
+    shares = " / ".join(f"{r.get('foreign_share', 0.0) * 100:.1f} %" for r in sizes)
+    rows.append(
+        (
+            "the machine's CPU spent beside the run (other jobs; sizes are comparable only when quiet)",
+            shares,
+            f"<= {model.FOREIGN_MAX_SHARE * 100:.0f} % each",
+            model.quiet(sizes),
         )
     )
     rows.append(

@@ -116,6 +116,24 @@ def linear_or_better(points: Sequence[tuple[int, float]], tolerance: float = 0.1
     return all(r <= h * (1 + tolerance) for _, _, r, h in growth(points))
 
 
+FOREIGN_MAX_SHARE = 0.05  # other processes' share of the machine's CPU beyond which a size is not comparable
+
+
+def foreign_cpu_s(system_s: float, cpu: dict[str, float], background_s: float, helpers_s: float) -> float:
+    """CPU seconds the machine spent during a run on anything but the run: the machine's busy time less
+    the controller (main process and workers), the hosts' modules, the hosts' idle agents
+    (``background_s``) and the benchmark's own processes (``helpers_s``: this process, the simulated API
+    server and kubelets). Another job beside the benchmark slows one size and not the others, which bends
+    the growth either way (2026-11-28: a 25-host step slowed by a test run made 4.67× read as 4.31×)."""
+    ours = cpu.get("controller_s", 0.0) + cpu.get("host_s", 0.0) + background_s + helpers_s
+    return max(0.0, system_s - ours)
+
+
+def quiet(rows: Iterable[dict[str, Any]], max_share: float = FOREIGN_MAX_SHARE) -> bool:
+    """Whether no size ran beside other work (rows without the figure, from before it existed, pass)."""
+    return all(r.get("foreign_share", 0.0) <= max_share for r in rows)
+
+
 @dataclass(frozen=True)
 class Params:
     tasks_per_host: float

@@ -589,3 +589,26 @@ def test_each_clone_gets_gpu_and_mig_uuids_of_its_own(tmp_path):
             m["uuid"] for g in doc["gpus"] for m in (g.get("mig") or {}).get("devices") or []}
     assert len(uuids["fleet-0001"]) == 8 + 12
     assert not uuids["fleet-0001"] & uuids["fleet-0002"]
+
+
+def test_a_size_run_beside_other_work_is_flagged() -> None:
+    cpu = {"controller_s": 140.0, "host_s": 445.0}
+    # the machine's busy time less the run's own parts: controller, modules, idle agents, helpers
+    assert model.foreign_cpu_s(607.0, cpu, 8.0, 12.0) == pytest.approx(2.0)
+    assert model.foreign_cpu_s(500.0, cpu, 8.0, 12.0) == 0.0  # clock granularity never goes negative
+
+    def row(n: int, share: float | None) -> dict:
+        r = {"hosts": n, "rc": 0, "wall_s": 4.0 * n, "s_per_host_task": 0.04, "tasks_per_host": 100.0,
+             "host_tasks": n * 100, "changed": 0, "failed": 0, "plan_api": {},
+             "cpu": {"main_work_s": 0.2 * n, "workers_s": 4.0 * n, "host_s": 10.0 * n}}
+        if share is not None:
+            r["foreign_share"] = share
+        return r
+
+    def check(*sizes: dict) -> tuple[str, bool]:
+        rows, _ = bench.figures({"sizes": list(sizes)}, forks=50, cores=8, rtt_s=0.01)
+        return next((v, ok) for name, v, _, ok in rows if name.startswith("the machine's CPU spent beside"))
+
+    assert check(row(25, 0.01), row(100, 0.02)) == ("1.0 % / 2.0 %", True)
+    assert check(row(25, 0.10), row(100, 0.02)) == ("10.0 % / 2.0 %", False)  # 25 hosts beside tests
+    assert check(row(25, None), row(100, None))[1] is True  # results from before the figure existed
