@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import goals
+from benchmarks.procstat import process_cpu_s
 from tests.sim.ports import free_port
 
 FLEET = 5000
@@ -60,10 +61,7 @@ def proc_stats(pid: int) -> tuple[int, float]:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) * 1024
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return rss, (int(fields[11]) + int(fields[12])) / ticks
+    return rss, process_cpu_s(pid)
 
 
 def children(pid: int) -> list[int]:

@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 
 from benchmarks.apiserver_proc import ApiServerProcess
+from benchmarks.procstat import process_cpu_or_zero
 from hami_agent.config import build_config
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_agent.deviceplugin.manager import DevicePluginManager
@@ -400,22 +401,12 @@ class SimCluster:
         """CPU time (user + system, s) used so far by each part of the simulated cluster: the API server,
         the extender, the node hosts (device plugins, kubelet simulators) and this process (the
         kube-scheduler simulator and the benchmark's observers). Linux ``/proc/<pid>/stat``."""
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def cpu(pid: int) -> float:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                return 0.0
-            return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-
-        out = {"apiserver": cpu(self.api.proc.pid) if self.api else 0.0,
-               "extender": cpu(self.extender_proc.pid) if self.extender_proc else 0.0,
-               "node hosts": sum(cpu(p.pid) for p in self.host_procs),
-               # this process; the nodes too when they run in it (hosts=0)
-               "kube-scheduler sim" + ("" if self.host_procs else " + nodes"): cpu(os.getpid())}
-        return out
+        cpu = process_cpu_or_zero
+        return {"apiserver": cpu(self.api.proc.pid) if self.api else 0.0,
+                "extender": cpu(self.extender_proc.pid) if self.extender_proc else 0.0,
+                "node hosts": sum(cpu(p.pid) for p in self.host_procs),
+                # this process; the nodes too when they run in it (hosts=0)
+                "kube-scheduler sim" + ("" if self.host_procs else " + nodes"): cpu(os.getpid())}
 
     def _start_extender(self) -> None:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a

@@ -555,11 +555,13 @@ class Bench:
     def helpers_cpu(self) -> float:
         """CPU seconds so far of the benchmark's own processes: this one (not its reaped children: the
         controller is counted by its account), the simulated API server and the simulated kubelets."""
+        from benchmarks.procstat import process_cpu_or_zero
+
         t = os.times()
         pids = [self.procs.pid(n) for n in self.procs.names()]
         if self.api is not None:
             pids.append(self.api.proc.pid)
-        return t.user + t.system + sum(_process_cpu_s(p) for p in pids if p)
+        return t.user + t.system + sum(process_cpu_or_zero(p) for p in pids if p)
 
     # -------------------------------------------------------------------------------- measurements
     def measure(
@@ -746,16 +748,6 @@ def top_functions(path: str, n: int = 20) -> list[dict[str, Any]]:
             continue  # waiting, and the account callback's own clock
         rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls": nc, "own_s": tt, "cum_s": ct})
     return sorted(rows, key=lambda r: -r["own_s"])[:n]
-
-
-def _process_cpu_s(pid: int) -> float:
-    """utime + stime of a live process (its threads included, its reaped children not), 0 when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            f = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _system_cpu() -> float:
