@@ -83,3 +83,36 @@ def test_lock_of_a_refused_pod_is_released_by_the_audit_once_the_kubelet_fails_i
         assert nxt_uid in kubelet.allocations, kubelet.failures
         assert wait_for(lambda: lock_of(api_server) is None, 10)  # released by the plugin after Allocate
         check_cluster(api_server, [app], allocations=kubelet.allocations)
+
+
+def test_a_pod_bound_to_one_node_gives_up_its_lock_on_another_at_once(api_server, caplog):
+    """A leader took a pod's lock on gpu-2 and died before binding; its successor filtered the pod again
+    and bound it to gpu-1. The lock on gpu-2 is stale the moment the binding lands: the binder releases
+    it then, not at the audit's next round (an hour here, so only the bind can have released it). A lock
+    of another pod is left alone."""
+    from datetime import datetime, timezone
+
+    from hami_agent.protocol.nodelock import format_lock_value
+    from tests.integration.scheduler.cluster import gpu_node
+
+    for name in ("gpu-1", "gpu-2", "gpu-3"):
+        api_server.create(gpu_node(name))
+    pod = create(api_server, gpu_pod("moved", mem=1000, cores=10))
+    now = datetime.now(timezone.utc)
+    dead_leaders = format_lock_value(now, "default", "moved")
+    others = format_lock_value(now, "default", "someone-else")
+    api_server.patch("Node", None, "gpu-2", {"metadata": {"annotations": {keys.NODE_LOCK: dead_leaders}}})
+    api_server.patch("Node", None, "gpu-3", {"metadata": {"annotations": {keys.NODE_LOCK: others}}})
+
+    def lock(node: str) -> str | None:
+        return (api_server.get("Node", None, node)["metadata"].get("annotations") or {}).get(keys.NODE_LOCK)
+
+    with caplog.at_level(logging.INFO, logger="hami_agent"), \
+            extender(api_server, SchedulerConfig(), audit_interval_s=3600) as (_app, ext):
+        assert wait_for(lambda: _app.extender.node_locks.value("gpu-2") == dead_leaders, 5)
+        assert filter_(ext, pod, ("gpu-1",))["NodeNames"] == ["gpu-1"]
+        assert bind(ext, pod, "gpu-1")["Error"] == ""
+        assert wait_for(lambda: lock("gpu-2") is None, 10), "the stale lock on gpu-2 stayed"
+        assert lock("gpu-1").endswith(",default,moved")  # bound, not allocated yet: Allocate releases it
+        assert lock("gpu-3") == others
+        assert "pod default/moved is bound to gpu-1: releasing its lock on node gpu-2" in caplog.text

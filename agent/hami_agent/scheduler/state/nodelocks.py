@@ -1,7 +1,8 @@
 """Every node's lock (``hami.io/mutex.lock``) as the node watch shows it: the one copy of that state.
 
-Two parts of the extender follow the locks: /filter prefers nodes without one (``state.busy``), and a
-/bind that meets a held lock waits for its release (``verbs.lockwait``). Both read it here; the waiter
+Three parts of the extender follow the locks: /filter prefers nodes without one (``state.busy``), a
+/bind that meets a held lock waits for its release (``verbs.lockwait``), and a bind done releases the
+pod's locks on other nodes (``verbs.binder``). They read it here; the waiter
 also hears, through ``subscribe``, when the watch shows a node without its lock or shows it gone. The
 value is stored before the listeners run, so a reader that registers its interest first and reads the
 value after cannot miss a release.
@@ -67,6 +68,13 @@ class NodeLocks:
         """The nodes whose lock is held now (a copy)."""
         with self._lock:
             return set(self._held)
+
+    def owned_by(self, namespace: str, name: str) -> dict[str, str]:
+        """{node: lock value} of the locks the watch shows held by pod ``namespace/name``. A scan: locks
+        live from a bind to its Allocate, so few are held at any time."""
+        suffix = f",{namespace},{name}"
+        with self._lock:
+            return {node: value for node, value in self._held.items() if value.endswith(suffix)}
 
 
 __all__ = ["NodeLocks"]

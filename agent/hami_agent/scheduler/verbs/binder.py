@@ -94,6 +94,8 @@ class Binder:
         # the node as the node watch shows it (name -> Node or None): the lock's first attempt skips a GET
         self.watched_node: Callable[[str], dict | None] | None = None
         self.on_bound: Callable[[BindArgs], object] | None = None  # a binding done (preemption's wait metric)
+        # {node: lock value} of a pod's locks as the node watch shows them (state/nodelocks.py owned_by)
+        self.locks_of: Callable[[str, str], dict[str, str]] | None = None
         self._lock = threading.Lock()
         self._active: set[str] = set()  # uids with a /bind in progress
         self._lock_waits: dict[str, tuple[float, int]] = {}  # uid -> (its wait's deadline, waits so far)
@@ -295,6 +297,7 @@ class Binder:
         self.decisions.drop(b.uid)
         self._count("bind", "ok")
         self._announce(b)
+        self._release_elsewhere(b)
         logger.info("pod %s/%s bound to node %s", b.namespace, b.name, b.node)
         if self.events:
             self.events.emit(pod, ev.NORMAL, ev.BINDING_SUCCEED,
@@ -365,6 +368,19 @@ class Binder:
 
         self.healer.submit(f"release:{b.node}:{b.namespace}/{b.name}", task, delay_s=0.2,
                            deadline_s=self.config.node_lock_timeout_s + 60)
+
+    def _release_elsewhere(self, b: BindArgs) -> None:
+        """The pod is bound to ``b.node``: a lock it holds on any other node is stale. E.g. a leader took
+        one and died before binding; its successor filtered the pod again and bound it here. Released in
+        the background (the audit would find it only at its next round, up to --audit-interval later; the
+        node counts as busy for /filter meanwhile)."""
+        if self.locks_of is None:
+            return
+        for node, value in self.locks_of(b.namespace, b.name).items():
+            if node != b.node:
+                logger.info("pod %s/%s is bound to %s: releasing its lock on node %s (%s)", b.namespace,
+                            b.name, b.node, node, value)
+                self._release_later(BindArgs(b.namespace, b.name, b.uid, node), value)
 
     def audit_locks(self, nodes: list[dict]) -> int:
         """Release node locks whose owner provably no longer needs them (gone, finished, bound to another
