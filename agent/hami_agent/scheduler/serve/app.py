@@ -100,6 +100,7 @@ class SchedulerApp:
             return informer.get(None, name) if informer is not None else None
 
         self.extender.binder.watched_node = watched_node
+        self.extender.binder.locks_of = self.extender.node_locks.owned_by  # a bound pod's locks elsewhere
         self.sync.on_node_seen = self.extender.node_locks.on_node
         self.sync.on_node_gone = self.extender.node_locks.on_node_delete
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),

@@ -149,7 +149,6 @@ class Extender:
         # /filter and Allocate (state/busy.py), which read it
         self.node_locks = NodeLocks()
         self.busy = BusyNodes(self.node_locks)
-        self.binder.locks_of = self.node_locks.owned_by  # a pod bound: its locks elsewhere are stale
         self.writer = WriteBehind()  # /filter's assignment writes when config.write_behind
         self.holds = Holds()  # GPU capacity kept for preemptors (state/holds.py)
         self.gate.on_lost(self.holds.clear)  # a new leader rebuilds them (verbs/preemption.rebuild_holds)
