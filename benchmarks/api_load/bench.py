@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks import goals
 from benchmarks.procstat import process_cpu_s
+from tests.sim.kubelet_objects import gpu_node, kubelet_statuses
 from tests.sim.ports import free_port
 
 FLEET = 5000
@@ -117,10 +118,7 @@ class Fleet:
             root = self.tmp / name
             (root / "plugins").mkdir(parents=True)
             (root / "regions").mkdir()
-            self.api.create({"apiVersion": "v1", "kind": "Node",
-                             "metadata": {"name": name, "labels": {"gpu": "on"}},
-                             "status": {"allocatable": {GPU: "80", "cpu": "64"}, "capacity": {GPU: "80"},
-                                        "conditions": [{"type": "Ready", "status": "True"}]}})
+            self.api.create(gpu_node(name, {"gpu": "on"}, {GPU: "80"}, {GPU: "80"}))  # a kubelet's size
             gpusim = make_node(root, "a100-80gb-x8", driver=gs.FIXED_DRIVER, name=name, lib_path=lib)
             self.kubelets[name] = SimulatedKubelet(str(root / "plugins"), verbosity=0, node_name=name).start()
             token = self.tokens.add_service_account("kube-system", f"hami-agent-{name}")
@@ -279,14 +277,17 @@ class Churn:
 
     def _admitted(self, pod: dict, result: Any) -> None:
         md = pod["metadata"]
-        status = {"phase": "Running"} if result.admitted else {"phase": "Failed", "reason": result.reason}
+        # a kubelet's two status writes (tests/sim/kubelet_objects.py), or the admission failure
+        statuses = (kubelet_statuses(pod) if result.admitted else
+                    [{"phase": "Failed", "reason": result.reason}])
         with self._lock:
             if result.admitted:
                 self.running += 1
             else:
                 self.failed += 1
         try:
-            self.client.patch_pod_status(md["namespace"], md["name"], status)
+            for status in statuses:
+                self.client.patch_pod_status(md["namespace"], md["name"], status)
         except Exception:  # noqa: BLE001 - deleted meanwhile
             pass
 

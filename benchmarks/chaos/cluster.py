@@ -35,6 +35,7 @@ from tests.gpusim import gpusim_state as gs
 from tests.gpusim.fixtures import BIN_DIR, build_lib
 from tests.integration.scheduler.pki import make_pki
 from tests.sim.kube_scheduler import KubeSchedulerSim
+from tests.sim.kubelet_objects import gpu_node
 from tests.sim.ports import free_port
 
 # the replicas serve TLS (a follower forwards only over https to a leader its CA verifies); the soak's
@@ -235,9 +236,7 @@ class Cluster:
         gs.set_driver_version(state, gs.FIXED_DRIVER)
         state_path = root / "gpusim.json"
         gs.write_state(state_path, state)
-        self.api.create({"apiVersion": "v1", "kind": "Node",
-                         "metadata": {"name": name, "labels": {"gpu": "on", "kubernetes.io/hostname": name}},
-                         "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        self.api.create(gpu_node(name, {"gpu": "on"}))  # a kubelet's size (tests/sim/kubelet_objects.py)
         env = self._env({"GPUSIM_STATE": str(state_path), "HAMI_NVML_LIBRARY": str(lib),
                          "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
                          "HAMI_NVML_MAX_ABANDONED_WORKERS": str(s.max_abandoned_workers),

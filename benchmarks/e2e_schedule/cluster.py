@@ -49,6 +49,7 @@ from hami_agent.scheduler.serve.app import SchedulerApp
 from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kubelet import SimulatedKubelet
+from tests.sim.kubelet_objects import gpu_node, kubelet_statuses
 from tests.sim.ports import free_port
 from tests.unit.deviceplugin.fakes import FakeGpu, FakeSnapshot, FakeSource
 
@@ -204,13 +205,15 @@ class NodeHost:
 
     def _admitted(self, pod: dict, result: Any) -> None:
         md = pod["metadata"]
-        status = ({"phase": "Running"} if result.admitted else
-                  {"phase": "Failed", "reason": result.reason, "message": result.message})
+        # a kubelet's two status writes (tests/sim/kubelet_objects.py), or the admission failure
+        statuses = (kubelet_statuses(pod) if result.admitted else
+                    [{"phase": "Failed", "reason": result.reason, "message": result.message}])
         if not result.admitted:
             with self._lock:
                 self.rejected[f"{md.get('namespace')}/{md['name']}"] = result.message
         try:
-            self.client.patch_pod_status(md.get("namespace", "default"), md["name"], status)
+            for status in statuses:
+                self.client.patch_pod_status(md.get("namespace", "default"), md["name"], status)
         except Exception as exc:  # noqa: BLE001 - the pod may be gone
             with self._lock:
                 self.rejected.setdefault(f"{md.get('namespace')}/{md['name']}", f"status write failed: {exc}")
@@ -343,11 +346,8 @@ class SimCluster:
         names = [f"node-{i:03d}" for i in range(self.n_nodes)]
         alloc = str(self.gpus * self.split)
         for name in names:
-            self.client.create("nodes", {"apiVersion": "v1", "kind": "Node",
-                                         "metadata": {"name": name, "labels": {"gpu": "on"}},
-                                         "status": {"allocatable": {GPU: alloc, "cpu": "64"},
-                                                    "capacity": {GPU: alloc},
-                                                    "conditions": [{"type": "Ready", "status": "True"}]}})
+            # as large as a kubelet's (tests/sim/kubelet_objects.py): node events cost what they do in a cluster
+            self.client.create("nodes", gpu_node(name, {"gpu": "on"}, {GPU: alloc}, {GPU: alloc}))
         self._start_nodes(names)
         # the benchmark's observers: pod stages and node lock holds
         self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0)

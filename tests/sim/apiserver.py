@@ -31,7 +31,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.sim import apiserver_lists, apiserver_meta, apiserver_resource, apiserver_reviews, apiserver_watch
+from tests.sim import (
+    apiserver_lists,
+    apiserver_managed,
+    apiserver_meta,
+    apiserver_pods,
+    apiserver_resource,
+    apiserver_reviews,
+    apiserver_watch,
+)
 from tests.sim.apiserver_auth import ADMIN, ADMIN_TOKEN, ANONYMOUS, TokenTable, UserInfo
 from tests.sim.apiserver_policy import Policy, route_eviction
 from tests.sim.apiserver_rbac import (
@@ -242,6 +250,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def _pod_strategy(old: Obj | None, new: Obj, _subresource: str | None, seed: bool) -> None:
+    """On create: kube-apiserver's pod defaults and default admission plugins, and the status a create
+    starts with (a test helper's seeded status is kept, with its QoS class)."""
+    if old is not None:
+        return
+    apiserver_pods.default_pod(new)
+    if seed:
+        new.setdefault("status", {}).setdefault("qosClass", apiserver_pods.qos_class(new))
+    else:
+        new["status"] = apiserver_pods.pod_status_on_create(new)
+
+
 def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
     """ValidatingAdmissionPolicy ``Warn`` results as one ``Warning: 299 - "..."`` header (RFC 7234)."""
     if audit is None or not audit.warnings:
@@ -264,6 +284,9 @@ class ApiServer:
         self.store.on_record = self.watch_hub.publish
         apiserver_resource.install(self.store)  # resource.k8s.io write rules (validation, status, generation)
         self.store.on_write.append(apiserver_meta.validate_object_meta)  # labels, annotations: 422
+        # what the server adds to every object: pod defaults (apiserver_pods.py), managedFields
+        self.store.strategies["pods"] = _pod_strategy
+        self.store.on_write.append(apiserver_managed.track)
         self.auth = auth
         self.rbac = RbacAuthorizer(self.store) if rbac else None
         if rbac:
@@ -637,6 +660,9 @@ class ApiServer:
         if route.subresource is not None and route.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         handler.acct_verb = apiserver_lists.verb_of(method, query, named=route.name is not None)
+        # whose writes these are in managedFields (apiserver_managed.py); a binding records none
+        apiserver_managed.set_manager(None if route.subresource == "binding" else
+                                      apiserver_managed.manager_from(query, handler.acct_who[0]))
         if route.name is None:
             if method == "GET" and query.get("watch") in ("1", "true"):
                 self._audit(audit, 200)

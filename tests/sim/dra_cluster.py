@@ -34,6 +34,7 @@ from hami_agent.dra import cdi
 from tests.sim.dra_allocator import DraAllocator
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kubelet import AdmissionResult, SimulatedKubelet
+from tests.sim.kubelet_objects import kubelet_statuses
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.hami.io"
@@ -161,7 +162,8 @@ class PodRunner:
             if r.admitted:
                 with self._lock:
                     self._retry_at[md["uid"]] = (0.0, 0.0)
-                self.client.patch_pod_status(ns, md["name"], {"phase": "Running"})
+                for status in kubelet_statuses(pod):  # tests/sim/kubelet_objects.py
+                    self.client.patch_pod_status(ns, md["name"], status)
             elif r.reason == "FailedPrepareDynamicResources":
                 with self._lock:  # the pod worker retries the sync with backoff; the pod stays Pending
                     _w, delay = self._retry_at.get(md["uid"], (0.0, 0.1))
