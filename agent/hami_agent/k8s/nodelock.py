@@ -40,6 +40,7 @@ from hami_agent.protocol.timefmt import format_go_duration
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPIRY_S = 300.0
+WatchedPod = Callable[[str, str], "dict | None"]  # (namespace, name) -> the pod as a watch shows it
 CONTENTION = "node lock contention"
 
 
@@ -64,9 +65,10 @@ def _rv(node: dict) -> str:
     return str((node.get("metadata") or {}).get("resourceVersion", ""))
 
 
-def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
+def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,  # noqa: PLR0913
               expiry_s: float = DEFAULT_EXPIRY_S, *, now: Callable[[], datetime] | None = None,
-              backoff: Backoff | None = None, cached: dict | None = None) -> str:
+              backoff: Backoff | None = None, cached: dict | None = None,
+              watched_pod: WatchedPod | None = None) -> str:
     """Take the node lock for pod ``namespace/pod_name`` and return the lock value now on the node;
     raise ``NodeLockError`` if the node is busy (or conflicts persist through the backoff).
     ``KubeError`` propagates for API failures (after a timeout the lock may or may not be set: the
@@ -75,7 +77,12 @@ def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
     ``cached``: the node as a watch last showed it. When it shows no lock, the first attempt patches
     against its resourceVersion instead of reading the node first (HAMi's LockNode GETs it every time);
     the patch is conditional, so a stale copy costs one 409, after which the node is read as usual.
-    A lock in the cached copy is always read afresh before it is judged."""
+    A lock in the cached copy is always read afresh before it is judged.
+
+    ``watched_pod(namespace, name)``: the lock owner as a watch shows it. When that copy says the owner
+    still needs the lock (the common case: it is being bound or allocated), the node is busy without a
+    GET of the owner; only a copy that says it is done, or none, is confirmed from the API before the
+    lock is taken over (a watch may lag, and a live lock is never taken on a stale copy)."""
     clock = now or (lambda: datetime.now(timezone.utc))
     bo = backoff or hami_nodelock_backoff()
     if cached is not None and _rv(cached) and not _lock_annotation(cached):
@@ -86,7 +93,7 @@ def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
                   e.summary)
     while True:
         try:
-            return _try_lock(client, node_name, namespace, pod_name, expiry_s, clock)
+            return _try_lock(client, node_name, namespace, pod_name, expiry_s, clock, watched_pod)
         except ConflictError as e:
             if bo.exhausted:
                 raise NodeLockError(f"node {node_name} lock failed after {bo.steps} retries: {e}",
@@ -97,7 +104,7 @@ def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
 
 
 def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, expiry_s: float,  # noqa: PLR0917
-              clock: Callable[[], datetime]) -> str:
+              clock: Callable[[], datetime], watched_pod: WatchedPod | None = None) -> str:
     node = client.get_node(node_name)
     current = _lock_annotation(node)
     now = clock()
@@ -115,7 +122,7 @@ def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str,
                 log.v(logger, 4, "node %s already locked by %s/%s", node_name, namespace, pod_name)
                 return current
             expired = held.expired(now, timedelta(seconds=expiry_s))
-            stale = owner_done(client, held.namespace, held.name, node_name) if (
+            stale = _owner_stale(client, held, node_name, watched_pod) if (
                 held.has_owner and not expired) else ""
             if expired:
                 logger.info("Node lock expired: node=%s lockTime=%s timeout=%s; releasing and taking over",
@@ -130,6 +137,16 @@ def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str,
                 owner = f"{held.namespace}/{held.name}" if held.has_owner else ""
                 raise NodeLockError(contention_message(node_name, expiry_s), node_name, owner)
     return _patch_lock(client, node_name, namespace, pod_name, _rv(node), now)
+
+
+def _owner_stale(client: KubeClient, held: NodeLockValue, node_name: str,
+                 watched_pod: WatchedPod | None) -> str:
+    """:func:`owner_done`, asked of the API only when the watch's copy does not already show the owner
+    still needing the lock."""
+    seen = watched_pod(held.namespace, held.name) if watched_pod is not None else None
+    if seen is not None and not pod_done_with(seen, node_name):
+        return ""
+    return owner_done(client, held.namespace, held.name, node_name)
 
 
 def _patch_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, rv: str,  # noqa: PLR0917
@@ -151,6 +168,11 @@ def owner_done(client: KubeClient, namespace: str, name: str, node_name: str) ->
         pod = client.get_pod(namespace, name)
     except NotFoundError:
         return OWNER_GONE
+    return pod_done_with(pod, node_name)
+
+
+def pod_done_with(pod: dict, node_name: str) -> str:
+    """:func:`owner_done`'s judgement of one copy of the owner pod."""
     bound = (pod.get("spec") or {}).get("nodeName") or ""
     phase = (pod.get("status") or {}).get("phase")
     if phase in ("Succeeded", "Failed"):

@@ -272,3 +272,29 @@ def test_a_lock_in_the_copy_is_read_afresh(api_server: ApiServer, kube: KubeClie
     # and a copy showing a lock the node really holds gives HAMi's contention error
     with pytest.raises(NodeLockError, match="node lock contention"):
         lock_node(kube, "gpu-1", "ns", "p3", cached=api_server.get("nodes", None, "gpu-1"))
+
+
+def test_an_owner_the_watch_shows_still_needing_the_lock_costs_no_get(api_server: ApiServer,
+                                                                      kube: KubeClient) -> None:
+    owner = api_server.create(pod("old", namespace="ns"))  # pending: still needs its lock
+    recent = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api_server.create(node("gpu-1", annotations={keys.NODE_LOCK: f"{recent},ns,old"}))
+    before = len(api_server.requests)
+    with pytest.raises(NodeLockError, match="node lock contention"):
+        lock_node(kube, "gpu-1", "ns", "new", watched_pod=lambda ns, name: owner)
+    assert not [r for r in list(api_server.requests)[before:] if "/pods/" in r.path]  # no GET of the owner
+
+
+def test_an_owner_the_watch_shows_done_is_confirmed_before_the_take_over(api_server: ApiServer,
+                                                                         kube: KubeClient) -> None:
+    live = api_server.create(pod("old", namespace="ns"))  # the API: still pending, still needs its lock
+    recent = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api_server.create(node("gpu-1", annotations={keys.NODE_LOCK: f"{recent},ns,old"}))
+    ahead = dict(live, spec={**live["spec"], "nodeName": "gpu-2"})  # a copy that says "bound elsewhere"
+    with pytest.raises(NodeLockError, match="node lock contention"):  # the API is asked, and it wins
+        lock_node(kube, "gpu-1", "ns", "new", watched_pod=lambda ns, name: ahead)
+    assert api_server.requests_matching("GET", "/pods/old$")
+    assert lock_value(api_server).endswith(",ns,old")
+    gone = {}  # a copy missing (the owner not in the watch): asked of the API too
+    with pytest.raises(NodeLockError, match="node lock contention"):
+        lock_node(kube, "gpu-1", "ns", "new", watched_pod=lambda ns, name: gone.get(name))

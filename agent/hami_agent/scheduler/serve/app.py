@@ -101,6 +101,12 @@ class SchedulerApp:
 
         self.extender.binder.watched_node = watched_node
         self.extender.binder.locks_of = self.extender.node_locks.owned_by  # a bound pod's locks elsewhere
+
+        def watched_pod(namespace: str, name: str) -> dict | None:
+            informer = self.sync.pod_informer  # every pod with an assignment: a lock's owner has one
+            return informer.get(namespace, name) if informer is not None else None
+
+        self.extender.binder.watched_pod = watched_pod
         self.sync.on_node_seen = self.extender.node_locks.on_node
         self.sync.on_node_gone = self.extender.node_locks.on_node_delete
         self.webhook = Webhook(self.config, quota=quota_left_fn(self.extender),

@@ -93,6 +93,9 @@ class Binder:
         self.waiter: Any = None  # lockwait.NodeLockWaiter: park binds that meet a busy lock
         # the node as the node watch shows it (name -> Node or None): the lock's first attempt skips a GET
         self.watched_node: Callable[[str], dict | None] | None = None
+        # a pod as the pod watch shows it ((namespace, name) -> Pod or None): a lock's owner that still
+        # needs it is judged without a GET (k8s/nodelock.py lock_node)
+        self.watched_pod: Callable[[str, str], dict | None] | None = None
         self.on_bound: Callable[[BindArgs], object] | None = None  # a binding done (preemption's wait metric)
         # {node: lock value} of a pod's locks as the node watch shows them (state/nodelocks.py owned_by)
         self.locks_of: Callable[[str, str], dict[str, str]] | None = None
@@ -172,7 +175,8 @@ class Binder:
             self.gate.check("the node lock")
             value = lock_node(self.wclient, b.node, b.namespace, b.name,
                               expiry_s=self.config.node_lock_timeout_s,
-                              cached=self.watched_node(b.node) if self.watched_node else None)
+                              cached=self.watched_node(b.node) if self.watched_node else None,
+                              watched_pod=self.watched_pod)
         except NodeLockError as exc:  # nothing written, or the lock is someone else's
             if self.waiter is not None and exc.holder and CONTENTION in str(exc):
                 return self._wait_for_lock(b, exc)
@@ -229,7 +233,10 @@ class Binder:
                 if timed_out:
                     out: dict | Future = self.fail(b, None, str(busy))
                 else:
-                    checked = self._checked(b, fresh=True)  # the pod may have changed while it waited
+                    # the pod may have changed while it waited: the watch's copy has seen it change, and the
+                    # bind-phase write is conditional on that copy's resourceVersion (a stale one: 409, and
+                    # the pod is read afresh), as on the first attempt
+                    checked = self._checked(b, fresh=False)
                     out = checked if isinstance(checked, dict) else self._bind_gpu_pod(b, *checked)
             except BaseException as exc:  # a bug: answer an error (the server logs it), never hang
                 fut.set_exception(exc)
