@@ -219,7 +219,7 @@ class K8sPodSource:
                      timeout_s: float) -> None:
         try:
             self.client.patch("pods", ref.name, conditional_patch(ref, expect, changes), ref.namespace,
-                              content_type=JSON_PATCH, timeout_s=timeout_s)
+                              content_type=JSON_PATCH, timeout_s=timeout_s, decode=False)
         except Exception as exc:
             raise _error("patch pod error", exc) from exc
 
@@ -230,7 +230,8 @@ class K8sPodSource:
         pointer = json_pointer("metadata", "annotations", keys.NODE_LOCK)
         ops = [{"op": "test", "path": pointer, "value": value}, {"op": "remove", "path": pointer}]
         try:
-            self.client.patch("nodes", self.node_name, ops, content_type=JSON_PATCH, timeout_s=timeout_s)
+            self.client.patch("nodes", self.node_name, ops, content_type=JSON_PATCH, timeout_s=timeout_s,
+                              decode=False)
         except Exception as exc:
             status = getattr(exc, "status", 0)
             if status in (404, 422):  # node gone, or the lock is not (any more) this value

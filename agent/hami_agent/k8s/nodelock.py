@@ -152,7 +152,7 @@ def _owner_stale(client: KubeClient, held: NodeLockValue, node_name: str,
 def _patch_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, rv: str,  # noqa: PLR0917
                 now: datetime) -> str:
     value = format_lock_value(now, namespace, pod_name)
-    client.patch_node_annotations(node_name, {keys.NODE_LOCK: value}, resource_version=rv)
+    client.patch_node_annotations(node_name, {keys.NODE_LOCK: value}, resource_version=rv, decode=False)
     log.v(logger, 3, "node %s locked for pod %s/%s", node_name, namespace, pod_name)
     return value
 
@@ -208,7 +208,8 @@ def release_node_lock(client: KubeClient, node_name: str, namespace: str, pod_na
             raise NodeLockError(f"node {node_name} lock is held by {owner}, not by "
                                 f"{namespace}/{pod_name}: refusing to release it", node_name, owner)
         try:
-            client.patch_node_annotations(node_name, {keys.NODE_LOCK: None}, resource_version=_rv(node))
+            client.patch_node_annotations(node_name, {keys.NODE_LOCK: None}, resource_version=_rv(node),
+                                          decode=False)
             log.v(logger, 3, "node lock on %s released by %s/%s", node_name, namespace, pod_name)
             return True
         except ConflictError as e:

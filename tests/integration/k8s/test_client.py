@@ -187,3 +187,32 @@ def test_kubeconfig_sources(api_server: ApiServer, monkeypatch: pytest.MonkeyPat
     bad.write_text("not: [a kubeconfig")
     with pytest.raises(KubeConfigError, match=f"cannot load Kubernetes credentials from kubeconfig {bad}"):
         KubeClient.from_kubeconfig(str(bad))
+
+
+def test_a_write_whose_answer_is_not_read_is_not_decoded(api_server: ApiServer, kube: KubeClient,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import hami_agent.k8s.client as client_module
+
+    api_server.create(node("gpu-1"))
+    decoded: list[bytes] = []
+
+    class SpyJson:  # the client's json module, counting what it decodes (the in-process server's is apart)
+        dumps = staticmethod(json.dumps)
+
+        @staticmethod
+        def loads(data, *a, **k):
+            decoded.append(data)
+            return json.loads(data, *a, **k)
+
+    monkeypatch.setattr(client_module, "json", SpyJson)
+    assert kube.patch_node_annotations("gpu-1", {"a": "1"}, decode=False) == {}
+    assert api_server.get("nodes", None, "gpu-1")["metadata"]["annotations"]["a"] == "1"  # written
+    assert decoded == []  # the 5-15 KB answer was read off the wire, not parsed
+    stale = {"a": "2"}
+    with pytest.raises(ConflictError, match="Operation cannot be fulfilled"):  # an error is decoded as ever
+        kube.patch_node_annotations("gpu-1", stale, resource_version="1", decode=False)
+    assert len(decoded) == 1
+    assert kube.patch_node_annotations("gpu-1", {"a": "3"})["metadata"]["annotations"]["a"] == "3"
+    assert len(decoded) == 2  # the spy sees a success's answer when it is asked for

@@ -77,7 +77,7 @@ class FakePodClient:
             raise NotFoundError(404, "NotFound", f'pods "{name}" not found', "get", "pod", f"{ns}/{name}")
         return copy.deepcopy(pod)
 
-    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None):
+    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None, decode=True):
         from hami_agent.k8s.errors import ConflictError, KubeError
 
         if self.fail_patch == "conflict":

@@ -93,7 +93,7 @@ class RecordingClient:
     def get_pod(self, ns, name):
         return {"metadata": {"namespace": ns, "name": name, "uid": name}, "status": {"conditions": []}}
 
-    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None):
+    def patch_pod_metadata(self, ns, name, annotations=None, labels=None, resource_version=None, decode=True):
         self.calls.append(("annotations", name, tuple(annotations)))
 
     def patch_pod_status(self, ns, name, status):

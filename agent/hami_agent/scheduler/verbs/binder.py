@@ -191,7 +191,7 @@ class Binder:
                 self.gate.check(f"{keys.BIND_PHASE}")
                 self.wclient.patch_pod_metadata(b.namespace, b.name, annotations={
                     keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: str(int(time.time()))},
-                    resource_version=_rv(pod))
+                    resource_version=_rv(pod), decode=False)
                 return self._finish_binding(b, pod, value)
             except ConflictError as exc:  # the pod changed since the copy we checked: check it afresh once
                 why = f"patch pod {keys.BIND_PHASE}: {exc}"

@@ -356,7 +356,7 @@ class Extender:
             self.gate.check("pod annotations")
             self.wclient.patch_pod_metadata(ns, name, annotations=ann,
                                             labels={keys.VGPU_NODE: vgpu_node_label(node)},
-                                            resource_version=rv or None)
+                                            resource_version=rv or None, decode=False)
             return ""
         except NotLeader as exc:  # nothing was sent
             why: Exception = exc
