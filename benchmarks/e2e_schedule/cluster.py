@@ -346,7 +346,8 @@ class SimCluster:
         names = [f"node-{i:03d}" for i in range(self.n_nodes)]
         alloc = str(self.gpus * self.split)
         for name in names:
-            # as large as a kubelet's (tests/sim/kubelet_objects.py): node events cost what they do in a cluster
+            # as large as a kubelet's (tests/sim/kubelet_objects.py): node events cost what they do in a
+            # cluster
             self.client.create("nodes", gpu_node(name, {"gpu": "on"}, {GPU: alloc}, {GPU: alloc}))
         self._start_nodes(names)
         # the benchmark's observers: pod stages and node lock holds
