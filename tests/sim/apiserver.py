@@ -250,18 +250,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _pod_strategy(old: Obj | None, new: Obj, _subresource: str | None, seed: bool) -> None:
-    """On create: kube-apiserver's pod defaults and default admission plugins, and the status a create
-    starts with (a test helper's seeded status is kept, with its QoS class)."""
-    if old is not None:
-        return
-    apiserver_pods.default_pod(new)
-    if seed:
-        new.setdefault("status", {}).setdefault("qosClass", apiserver_pods.qos_class(new))
-    else:
-        new["status"] = apiserver_pods.pod_status_on_create(new)
-
-
 def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
     """ValidatingAdmissionPolicy ``Warn`` results as one ``Warning: 299 - "..."`` header (RFC 7234)."""
     if audit is None or not audit.warnings:
@@ -285,7 +273,7 @@ class ApiServer:
         apiserver_resource.install(self.store)  # resource.k8s.io write rules (validation, status, generation)
         self.store.on_write.append(apiserver_meta.validate_object_meta)  # labels, annotations: 422
         # what the server adds to every object: pod defaults (apiserver_pods.py), managedFields
-        self.store.strategies["pods"] = _pod_strategy
+        apiserver_pods.install(self.store)
         self.store.on_write.append(apiserver_managed.track)
         self.auth = auth
         self.rbac = RbacAuthorizer(self.store) if rbac else None

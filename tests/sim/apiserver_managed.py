@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timezone
 from typing import Any
+
+from tests.sim.apiserver_store import now_rfc3339
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]
@@ -86,7 +87,7 @@ def track(rt: Any, old: Obj | None, new: Obj, subresource: str | None) -> None:
             mine["subresource"] = subresource
         out.append(mine)
     fields = mine.pop("fields") | changed
-    mine.update({"apiVersion": rt.api_version, "time": _now(), "fieldsType": "FieldsV1",
+    mine.update({"apiVersion": rt.api_version, "time": now_rfc3339(), "fieldsType": "FieldsV1",
                  "fieldsV1": _tree(fields)})
     out = [e for e in out if e.get("fieldsV1")]
     if out:
@@ -114,15 +115,21 @@ def _walk(value: Any, path: Path, out: dict[Path, Any]) -> None:
     if isinstance(value, dict) and value:
         for k, v in value.items():
             _walk(v, (*path, f"f:{k}"), out)
-    elif isinstance(value, list) and value and all(isinstance(i, dict) for i in value) and (
-            all("name" in i for i in value) or all("type" in i for i in value)):
-        field = "name" if all("name" in i for i in value) else "type"
+    elif field := _list_key(value):
         for item in value:
             item_path = (*path, "k:" + json.dumps({field: item[field]}, separators=(",", ":")))
             out[(*item_path, ".")] = True
-            _walk({k: v for k, v in item.items()}, item_path, out)
+            _walk(item, item_path, out)
     else:
         out[path] = value  # a scalar, an empty map, or an atomic list
+
+
+def _list_key(value: Any) -> str:
+    """The key of an associative list (every item a map with a ``name``, else with a ``type``); "" for
+    anything else, an atomic list included."""
+    if not isinstance(value, list) or not value or not all(isinstance(i, dict) for i in value):
+        return ""
+    return next((k for k in ("name", "type") if all(k in i for i in value)), "")
 
 
 def _tree(paths: set[Path]) -> Obj:
@@ -142,10 +149,6 @@ def _paths(tree: Obj, prefix: Path = ()) -> set[Path]:
         else:
             out.add((*prefix, k))
     return out
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 __all__ = ["manager", "manager_from", "set_manager", "track"]

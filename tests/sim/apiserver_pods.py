@@ -52,8 +52,21 @@ def default_pod(pod: Obj) -> None:
     spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
 
 
-def pod_status_on_create(pod: Obj) -> Obj:
-    return {"phase": "Pending", "qosClass": qos_class(pod)}
+def install(store: Any) -> None:
+    """Register the pod write rules in ``store`` (``Store.strategies``)."""
+    store.strategies["pods"] = pod_strategy
+
+
+def pod_strategy(old: Obj | None, new: Obj, _subresource: str | None, seed: bool) -> None:
+    """On create: the defaults and default admission plugins, and the status a create starts with (a test
+    helper's seeded status is kept, with its QoS class)."""
+    if old is not None:
+        return
+    default_pod(new)
+    if seed:
+        new.setdefault("status", {}).setdefault("qosClass", qos_class(new))
+    else:
+        new["status"] = {"phase": "Pending", "qosClass": qos_class(new)}
 
 
 def qos_class(pod: Obj) -> str:
@@ -127,4 +140,4 @@ def _default_tolerations(spec: Obj) -> None:
                             "tolerationSeconds": TOLERATION_SECONDS})
 
 
-__all__ = ["default_pod", "pod_status_on_create", "qos_class"]
+__all__ = ["default_pod", "install", "pod_strategy", "qos_class"]

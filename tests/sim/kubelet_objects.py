@@ -20,14 +20,11 @@ JSON merge patch (docs/testing.md), so a list sent is the list stored.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
 from typing import Any
 
+from tests.sim.apiserver_store import now_rfc3339
+
 Obj = dict[str, Any]
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _hex(seed: str, n: int = 64) -> str:
@@ -75,7 +72,7 @@ def _container_status(pod: Obj, c: Obj, running: bool, now: str) -> Obj:
 
 def kubelet_statuses(pod: Obj) -> list[Obj]:
     """The status writes of a kubelet starting ``pod`` (as it was scheduled), in order."""
-    now = _now()
+    now = now_rfc3339()
     uid = (pod.get("metadata") or {}).get("uid", "")
     host_ip, pod_ip = _ips(uid)
     containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, dict)]
@@ -93,7 +90,7 @@ def gpu_node(name: str, labels: dict[str, str] | None = None, allocatable: dict[
              capacity: dict[str, str] | None = None) -> Obj:
     """A GPU Node as a kubelet (and GPU Feature Discovery) leave it; ``labels`` and the GPU resources in
     ``allocatable``/``capacity`` are the caller's, added to the usual ones."""
-    now = _now()
+    now = now_rfc3339()
     ip = _ips(name)[0]
     base = {"cpu": "64", "ephemeral-storage": "1845350324Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
             "memory": "1056717688Ki", "pods": "110"}

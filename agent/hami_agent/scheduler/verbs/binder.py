@@ -36,7 +36,14 @@ from typing import Any
 
 from hami_agent import log
 from hami_agent.k8s.errors import ConflictError, KubeError, NotFoundError
-from hami_agent.k8s.nodelock import CONTENTION, NodeLockError, lock_node, owner_done, release_node_lock
+from hami_agent.k8s.nodelock import (
+    CONTENTION,
+    NodeLockError,
+    WatchedPod,
+    lock_node,
+    owner_done,
+    release_node_lock,
+)
 from hami_agent.protocol import ProtocolError, keys
 from hami_agent.protocol.nodelock import parse_lock_value
 from hami_agent.scheduler.core.requests import RequestError, pod_request
@@ -95,7 +102,7 @@ class Binder:
         self.watched_node: Callable[[str], dict | None] | None = None
         # a pod as the pod watch shows it ((namespace, name) -> Pod or None): a lock's owner that still
         # needs it is judged without a GET (k8s/nodelock.py lock_node)
-        self.watched_pod: Callable[[str, str], dict | None] | None = None
+        self.watched_pod: WatchedPod | None = None
         self.on_bound: Callable[[BindArgs], object] | None = None  # a binding done (preemption's wait metric)
         # {node: lock value} of a pod's locks as the node watch shows them (state/nodelocks.py owned_by)
         self.locks_of: Callable[[str, str], dict[str, str]] | None = None
