@@ -14,9 +14,9 @@ set -euo pipefail
 DEST=${1:-.whl}
 PY=${PYTHON:-.venv/bin/python}
 PYVER=${DEVICE_PYTHON_VERSION:-3.12}
-# imported by hami_agent.k8s (kubernetes 37 pulls in pydantic), hami_agent.httpserve (httptools), doctor --query
+# imported by hami_agent.k8s (kubernetes 37 pulls in pydantic; orjson), hami_agent.httpserve (httptools), doctor --query
 PACKAGES=(kubernetes durationpy oauthlib requests-oauthlib websocket-client pydantic pydantic-core annotated-types
-          typing-inspection typing-extensions httptools jmespath)
+          typing-inspection typing-extensions httptools jmespath orjson)
 PINNED=("nvidia-nvml-dev==13.4.92")
 
 [[ -x $PY ]] || { echo "device-wheels: $PY not found (run make setup, or set PYTHON)" >&2; exit 1; }

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from hami_agent import __version__, log
-from hami_agent.k8s import http1
+from hami_agent.k8s import http1, wirejson
 from hami_agent.k8s.backoff import Backoff
 from hami_agent.k8s.errors import (
     ExpiredError,
@@ -427,7 +427,7 @@ class KubeClient:
                                 name) from exc
             raise _transport_error(exc, verb, kind, name, timeout[1]) from exc
         if 200 <= resp.status < 300:
-            return json.loads(data) if data and decode else {}
+            return wirejson.loads(data) if data and decode else {}
         raise _status_error(resp.status, data, resp.getheader("Retry-After"), verb=verb, kind=kind, name=name)
 
     def call(self, method: str, path: str, *, verb: str, kind: str, name: str = "",  # noqa: PLR0913
@@ -767,7 +767,7 @@ class WatchStream:
 
     def _event(self, line: bytes) -> tuple[str, Obj]:
         try:
-            ev = json.loads(line)
+            ev = wirejson.loads(line)
         except ValueError as exc:
             raise KubeError(0, "bad watch event", f"cannot decode {line[:120]!r}: {exc}", "watch",
                             self._kind, self._ns) from exc
@@ -784,7 +784,7 @@ def _status_error(status: int, data: bytes, retry_after: str | None, *, verb: st
                   name: str) -> KubeError:
     reason, message = "", ""
     try:
-        body = json.loads(data) if data else {}
+        body = wirejson.loads(data) if data else {}
         if isinstance(body, dict):
             reason = str(body.get("reason", ""))
             message = str(body.get("message", ""))

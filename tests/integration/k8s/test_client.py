@@ -191,22 +191,19 @@ def test_kubeconfig_sources(api_server: ApiServer, monkeypatch: pytest.MonkeyPat
 
 def test_a_write_whose_answer_is_not_read_is_not_decoded(api_server: ApiServer, kube: KubeClient,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
-
     import hami_agent.k8s.client as client_module
+    from hami_agent.k8s import wirejson
 
     api_server.create(node("gpu-1"))
     decoded: list[bytes] = []
 
-    class SpyJson:  # the client's json module, counting what it decodes (the in-process server's is apart)
-        dumps = staticmethod(json.dumps)
-
+    class SpyDecoder:  # the client's decoder, counting what it decodes (the in-process server's is apart)
         @staticmethod
-        def loads(data, *a, **k):
+        def loads(data):
             decoded.append(data)
-            return json.loads(data, *a, **k)
+            return wirejson.loads(data)
 
-    monkeypatch.setattr(client_module, "json", SpyJson)
+    monkeypatch.setattr(client_module, "wirejson", SpyDecoder)
     assert kube.patch_node_annotations("gpu-1", {"a": "1"}, decode=False) == {}
     assert api_server.get("nodes", None, "gpu-1")["metadata"]["annotations"]["a"] == "1"  # written
     assert decoded == []  # the 5-15 KB answer was read off the wire, not parsed
