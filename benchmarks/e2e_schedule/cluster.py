@@ -411,23 +411,29 @@ class SimCluster:
 
     def _start_extender(self) -> None:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
-        hundred simulated nodes would charge their work to /filter)."""
+        hundred simulated nodes would charge their work to /filter), laid out as the hami_scheduler role
+        runs it: the verbs on a listener of their own (``--extender-bind-address``), the webhook and probes
+        on the main one. (With one listener for both, kube-scheduler would meet the public listeners'
+        per-client caps, which no deployment of the role puts in its way.)"""
         assert self.api is not None
-        port = free_port()
+        port, verbs_port = free_port(), free_port()
+        while verbs_port == port:
+            verbs_port = free_port()
         log = open(os.path.join(self.tmp, "extender.log"), "w")  # noqa: SIM115
         self.extender_proc = subprocess.Popen(
             [sys.executable, "-m", "hami_agent", "scheduler", "--kubeconfig", self.api.kubeconfig_path,
-             "--bind-address", f"127.0.0.1:{port}", "--metrics-bind", "",
+             "--bind-address", f"127.0.0.1:{port}", "--extender-bind-address", f"127.0.0.1:{verbs_port}",
+             "--metrics-bind", "",
              "--node-scheduler-policy", self.config.node_policy, "--register-interval", "5s",
              *self.extender_args]
             + ([] if self.config.avoid_busy_nodes else ["--strict-node-order"])
             + ([] if self.config.write_behind else ["--sync-filter-write"]),
             stdout=log, stderr=subprocess.STDOUT)
-        self.extender_url = f"http://127.0.0.1:{port}"
+        self.extender_url = f"http://127.0.0.1:{verbs_port}"
 
         def ready() -> bool:
             try:
-                with urllib.request.urlopen(f"{self.extender_url}/readyz", timeout=1) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
                     return r.status == 200
             except OSError:
                 return False
