@@ -7,8 +7,10 @@ stalls the loop.
 The loop sleeps until something needs it (issue 31: an idle node's CPU): inotify on the kubelet's
 device-plugin directory and the MIG lock's directory (``fswatch``; a re-created ``kubelet.sock``, a
 deleted socket of ours, the lock appearing), a new NVML snapshot, a lost ListAndWatch stream, a signal,
-every ``HOUSEKEEPING_EVERY_S`` the NVML gauges, and every ``SELF_CHECK_EVERY_S`` a self-check of each
-server that answered no RPC in that time. Each wake re-checks the real state with ``stat()``, so an event
+every ``SELF_CHECK_EVERY_S`` a self-check of each server that answered no RPC in that time, and at
+least every ``HOUSEKEEPING_EVERY_S`` a look at everything in case an event was lost. The NVML gauges
+are brought up to date when /metrics is read (``PluginMetrics.before_collect``) and when the snapshot
+changes, not on a timer. Each wake re-checks the real state with ``stat()``, so an event
 only decides *when* to look. Where inotify is unavailable,
 and while something is time-based (a device's recovery quiet period, a failed server start, a stream
 loss waiting out its backoff), the loop ticks every ``poll_interval_s`` (250 ms) as before.
@@ -42,17 +44,16 @@ from hami_agent.nvml.source import first_snapshot, start_source, stop_source
 logger = logging.getLogger(__name__)
 
 CRASH_MESSAGE = "GRPC server has repeatedly crashed"
-# On an idle node the NVML gauges (status, snapshot age, each NVML function's last duration: ~25 label
-# lookups) are refreshed this often rather than on every socket-check tick (issue 31: most of the idle cost)
-NVML_METRICS_EVERY_S = 5.0
 # A server that answered no unary RPC (the kubelet's or our own probe's) for this long answers a
 # GetDevicePluginOptions over its socket, or restarts as hung. Not shorter (issue 31): each probe wakes
 # grpc's event_engine pool, whose workers then poll with a backoff that restarts at 15 ms
 # (work_stealing_thread_pool.cc), and a 5 s probe cost an idle node ~1.2 ms of CPU a second of its
 # ~2 (docs/performance.md). A hung server is also seen at once by /healthz, which always probes.
 SELF_CHECK_EVERY_S = 60.0
-# The loop looks at the sockets, the MIG lock (while paused) and the NVML gauges at least this often
-HOUSEKEEPING_EVERY_S = 5.0
+# With inotify the loop looks at the sockets and the MIG lock (while paused) at least this often, in case an
+# event was lost: the safety net only (NVIDIA's and HAMi's plugins rely on fsnotify alone). It was 5 s, with
+# the NVML gauges on the same timer: 0.2 wakeups a second of an idle node for nothing (issue 31).
+HOUSEKEEPING_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,6 @@ class DevicePluginManager:
         self.paused = False
         self.reregistrations = 0
         self._last_self_check = 0.0
-        self._nvml_metrics_at = 0.0
         self._warn_once = log.WarnOnce(logger)
         self._stream_losses: dict[str, _StreamLosses] = {}
         # the pause loop sleeps on its flag; the main loop sleeps in the source
@@ -126,6 +126,7 @@ class DevicePluginManager:
         # shared with the node register loop (cmd.py): one file, one trust rule
         self.mig_lock = MigApplyLock(settings.mig_apply_lock, settings.mig_apply_lock_permissive,
                                      component="device plugin")
+        self.metrics.before_collect.hook = self._refresh_nvml_metrics
 
     # ------------------------------------------------------------------------------ control
     def current_snapshot(self) -> Any:
@@ -162,8 +163,7 @@ class DevicePluginManager:
         if not self._waker.event_driven() or self.health.pending_recoveries() or self._busy():
             return s.poll_interval_s
         now = time.monotonic()
-        due = min(self._last_self_check + SELF_CHECK_EVERY_S, self._nvml_metrics_at + NVML_METRICS_EVERY_S)
-        return min(HOUSEKEEPING_EVERY_S, max(0.01, due - now))
+        return min(HOUSEKEEPING_EVERY_S, max(0.01, self._last_self_check + SELF_CHECK_EVERY_S - now))
 
     def _busy(self) -> bool:
         """Time-based work pending: a server whose start failed, a lost stream waiting out its backoff."""
@@ -247,8 +247,13 @@ class DevicePluginManager:
                 self.metrics.devices.labels(name, health).set(n if name in raw else 0)
         self._update_nvml_metrics(snap)
 
+    def _refresh_nvml_metrics(self) -> None:
+        """On a scrape (any thread): the gauges as of now; while paused they keep their last values."""
+        source = self.source
+        if source is not None and not self.paused:
+            self._update_nvml_metrics(source.snapshot())
+
     def _update_nvml_metrics(self, snap: Any) -> None:
-        self._nvml_metrics_at = time.monotonic()
         status = getattr(snap, "status", "ok")
         self.metrics.nvml_stuck.set(1 if status == "stuck" else 0)
         for s in ("starting", "ok", "stuck", "error"):
@@ -437,8 +442,6 @@ class DevicePluginManager:
                 # (a new generation) or while a device waits out its recovery quiet period (time-based).
                 if changed or self.health.pending_recoveries():
                     self._apply_snapshot(snap)
-                elif time.monotonic() - self._nvml_metrics_at >= NVML_METRICS_EVERY_S:
-                    self._update_nvml_metrics(snap)
                 self._sync_servers()  # also retries a server whose start failed
                 self._check_sockets()
                 self._check_streams()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
 
@@ -19,6 +21,24 @@ class DelegatingCollector(Collector):
         if target is not None:
             yield from target.collect()
 
+class BeforeCollect(Collector):
+    """Registered first, so a scrape runs ``hook`` before the plugin's own gauges are read: gauges that
+    follow a clock (the NVML snapshot's age) are brought up to date when someone reads them, not on a
+    timer that wakes an idle node (issue 31). Exports nothing itself."""
+
+    def __init__(self) -> None:
+        self.hook: Callable[[], None] | None = None
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        hook = self.hook
+        if hook is not None:
+            hook()
+        return iter(())
+
+
 # RPCs must answer in milliseconds; the tail buckets show deadline hits (default deadline 2 s).
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
@@ -27,6 +47,8 @@ class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self.before_collect = BeforeCollect()
+        r.register(self.before_collect)
         self.rpc_duration = Histogram(
             "hami_device_plugin_rpc_duration_seconds", "Latency of kubelet device-plugin RPCs as served",
             ["method", "resource"], registry=r, buckets=RPC_BUCKETS)

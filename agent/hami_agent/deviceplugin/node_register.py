@@ -57,8 +57,9 @@ RESULT_UNCHANGED = "unchanged"
 RESULT_PAUSED = "paused"  # MIG apply lock present
 RESULT_WAITING = "waiting"  # no usable NVML inventory yet
 RESULT_ERROR = "error"
-# how often the loop's sleep looks at its stop event by itself (a stopper also calls wake())
-STOP_CHECK_S = 5.0
+# how often the loop's sleep looks at its stop event by itself: every stopper also calls wake(), so this is
+# only a safety net (issue 31: at 5 s it woke an idle node 6 times per 30 s register interval for nothing)
+STOP_CHECK_S = 30.0
 
 # MIG GPUs have 7 compute slices and 8 memory slices (A100, A30 has 4/4 but is rare here, H100, H20...).
 _FULL_COMPUTE_SLICES = 7

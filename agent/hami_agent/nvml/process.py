@@ -1,5 +1,7 @@
 """Parent side of the NVML worker: spawn it, send it requests, read its JSON lines, kill it when stuck.
 
+A call is in flight from its ``begin`` line to its ``end`` line or, inside a batch, while the worker's
+call slot (``hami_agent.nvml.callslot``, shared memory) names it; deadlines are checked against both.
 Abandoned (killed, not yet exited) workers are tracked by ``hami_agent.nvml.reaper``."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hami_agent import log
+from hami_agent.nvml.callslot import CallSlot
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,12 @@ class InFlight:
 
 
 @dataclass
+class OpenBatch:
+    k: int
+    limit: float  # the longest the parent sleeps while it sees no call in the slot
+
+
+@dataclass
 class WorkerProcess:
     """One worker process. Not thread-safe: owned by one supervisor thread (or one caller)."""
 
@@ -53,6 +62,8 @@ class WorkerProcess:
     inflight: dict[int, InFlight] = field(default_factory=dict)
     last_fn: str | None = None
     durations: dict[str, float] = field(default_factory=dict)
+    slot: CallSlot | None = None
+    batch: OpenBatch | None = None
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "hami_agent.nvml.worker", "--mode", self.mode,
@@ -60,12 +71,22 @@ class WorkerProcess:
                "--events", "1" if self.events else "0", "--event-wait-ms", str(self.event_wait_ms)]
         if self.lib_path:
             cmd += ["--lib", self.lib_path]
+        created = CallSlot.create()
+        pass_fds: tuple[int, ...] = ()
+        if created is not None:
+            self.slot, fd = created
+            cmd += ["--slot-fd", str(fd)]
+            pass_fds = (fd,)
         env = dict(os.environ)
         env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # fork+exec of a fresh interpreter (never a bare fork of our threaded process); own session so
         # a terminal's Ctrl-C goes to us, and we decide the worker's fate.
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-                                     env=env, close_fds=True, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                         env=env, close_fds=True, pass_fds=pass_fds, start_new_session=True)
+        finally:
+            for fd in pass_fds:
+                os.close(fd)  # the worker has its copy; our mapping stays
         log.v(logger, 4, "started NVML worker pid %d (%s)", self.proc.pid, self.mode)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True,
                          name=f"nvml-worker-{self.proc.pid}").start()
@@ -105,6 +126,24 @@ class WorkerProcess:
         elif t == "end":
             self.inflight.pop(int(msg["k"]), None)
             self.durations[str(msg["fn"])] = float(msg.get("s", 0.0))
+        elif t == "batch":
+            self.batch = OpenBatch(int(msg.get("k", 0)), float(msg.get("limit", self.call_limit_s)))
+        elif t == "batch-end":
+            self.batch = None
+            for fn, secs in batch_calls(msg):
+                self.durations[fn] = secs
+                self.last_fn = fn
+
+    def _slot_call(self) -> InFlight | None:
+        """The call the worker's slot names while a batch is open (None: between calls, or no batch)."""
+        if self.batch is None or self.slot is None:
+            return None
+        c = self.slot.read()
+        return None if c is None else InFlight(c.fn, c.started, c.limit)
+
+    def _in_flight(self) -> list[InFlight]:
+        c = self._slot_call()
+        return [*self.inflight.values(), c] if c is not None else list(self.inflight.values())
 
     def overdue(self, now: float | None = None) -> InFlight | None:
         """The first in-flight call past its deadline, if any."""
@@ -112,6 +151,11 @@ class WorkerProcess:
         for call in self.inflight.values():
             if now - call.started > call.limit:
                 return call
+        c = self._slot_call()
+        if c is not None and now - c.started > c.limit:
+            again = self._slot_call()  # a stuck call's record is stable: never judge one read alone
+            if again is not None and again.started == c.started and again.fn == c.fn:
+                return c
         return None
 
     def wake(self) -> None:
@@ -123,10 +167,15 @@ class WorkerProcess:
         Readers wait at most this long for the next message, so a call that overruns a deadline shorter
         than their polling period is still caught while it is in flight (a 1 ms deadline included)."""
         now = time.monotonic() if now is None else now
-        return min((c.started + c.limit - now for c in self.inflight.values()), default=None)
+        due = min((c.started + c.limit - now for c in self._in_flight()), default=None)
+        if self.batch is not None:
+            # a call may start in the slot at any moment: look again within one limit, so no call
+            # runs past its deadline unseen (the next look then waits for that call's own deadline)
+            due = self.batch.limit if due is None else min(due, self.batch.limit)
+        return due
 
     def oldest_inflight(self) -> InFlight | None:
-        return min(self.inflight.values(), key=lambda c: c.started, default=None)
+        return min(self._in_flight(), key=lambda c: c.started, default=None)
 
     def send(self, msg: dict[str, Any]) -> None:
         """One request line on the worker's stdin. Raises OSError (BrokenPipeError) if it is gone."""
@@ -169,3 +218,16 @@ class WorkerProcess:
     def reaped(self) -> bool:
         """Non-blocking reap (waitpid WNOHANG); True once the process is gone."""
         return self.proc is None or self.proc.poll() is not None
+
+
+def batch_calls(msg: dict[str, Any]) -> list[tuple[str, float]]:
+    """The (NVML function, seconds) pairs of a ``batch-end`` line; malformed entries are skipped."""
+    out = []
+    calls = msg.get("calls")
+    for entry in calls if isinstance(calls, list) else ():
+        try:
+            fn, secs = entry
+            out.append((str(fn), float(secs)))
+        except (TypeError, ValueError):
+            continue
+    return out

@@ -30,7 +30,7 @@ from hami_agent.nvml.model import (
     Snapshot,
     xid_reason,
 )
-from hami_agent.nvml.process import EVENT_WAIT_MS, InFlight, WorkerProcess
+from hami_agent.nvml.process import EVENT_WAIT_MS, InFlight, WorkerProcess, batch_calls
 from hami_agent.nvml.reaper import WorkerReaper, default_reaper
 
 logger = logging.getLogger(__name__)
@@ -267,12 +267,13 @@ class NvmlSupervisor:
 
     def _handle(self, msg: dict[str, Any]) -> None:
         t = msg.get("t")
-        if t == "end":
-            fn, secs = str(msg.get("fn")), float(msg.get("s", 0.0))
+        if t in ("end", "batch-end"):
+            calls = [(str(msg.get("fn")), float(msg.get("s", 0.0)))] if t == "end" else batch_calls(msg)
             with self._cond:
-                self._durations[fn] = secs
+                self._durations.update(calls)
             if self._metrics:
-                self._metrics.latency.labels(fn).observe(secs)
+                for fn, secs in calls:
+                    self._metrics.latency.labels(fn).observe(secs)
         elif t == "inventory":
             previous = self._last_ok
             snap = build_snapshot(msg["data"], previous=previous, xid_marks=self._xid_marks)

@@ -6,6 +6,10 @@ stdout, one JSON object per line:
 
   {"t": "begin", "k": 7, "fn": "nvmlInit", "limit": 5.0}     an NVML call starts (deadline: limit s)
   {"t": "end", "k": 7, "fn": "nvmlInit", "s": 0.0012}         it returned after s seconds
+  {"t": "batch", "k": 8, "limit": 5.0}                         a batch of calls starts (an inventory, a
+                                                               usage sample): each call is in the shared
+                                                               call slot (``callslot``), not on stdout
+  {"t": "batch-end", "k": 8, "calls": [["nvmlDeviceGetCount", 0.0001], ...]}   it ended; the calls' times
   {"t": "inventory", "data": {...}, "id": 3}                   a full inventory (see ``collect``)
   {"t": "usage", "data": {...}, "id": 4}                       per-GPU and per-process usage
   {"t": "event", "index": 3, "uuid": "GPU-...", "xid": 79, "gi": null, "ci": null}
@@ -17,6 +21,10 @@ Modes: ``watch`` (the supervisor's: an inventory every ``--refresh`` seconds plu
 "id": 4}``, ``{"op": "inventory", "id": 3}``, or a dynamic-MIG op with ``"args"``: ``mig_profiles``,
 ``mig_instances``, ``mig_create``, ``mig_destroy`` (``hami_agent.nvml.mig``); answers carry the request's
 ``id``; an NVML refusal of a MIG op is an answer with ``error`` and ``code``, not a worker failure).
+
+Batches use the call slot only when the parent passed one (``--slot-fd``); without it every call is
+announced with ``begin``/``end`` lines, as calls outside batches (``nvmlInit``, XID event waits, MIG
+operations) always are.
 
 The worker exits when its stdin reaches EOF (parent gone), so it never outlives the agent unless it is
 stuck in the driver, where nothing can end it anyway.
@@ -32,9 +40,12 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hami_agent.nvml.callslot import CallSlot
 from hami_agent.nvml.errors import phrase_for
 from hami_agent.nvml.mig import MIG_OPS, MigOps
 from hami_agent.nvml.model import mig_profile_name
@@ -81,25 +92,63 @@ class Channel:
         return next(self._ids)
 
 
-class Nvml:
-    """pynvml with every call announced to the parent (begin/end), so it can enforce deadlines."""
+class _Batch:
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.owner = threading.get_ident()
+        self.calls: list[tuple[str, float]] = []
 
-    def __init__(self, chan: Channel, call_limit_s: float) -> None:
+
+class Nvml:
+    """pynvml with every call known to the parent, so it can enforce deadlines: announced on stdout
+    (begin/end), or, inside a ``batch()`` with a call slot, written to the slot."""
+
+    def __init__(self, chan: Channel, call_limit_s: float, slot: CallSlot | None = None) -> None:
         import pynvml
 
         self.pynvml = pynvml
         self.chan = chan
         self.call_limit_s = call_limit_s
+        self.slot = slot
+        self._batch: _Batch | None = None
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Calls made by this thread until the block ends go to the call slot; the parent hears of the
+        batch twice (start, end with every call's time) instead of twice per call. Without a slot, or
+        nested, it changes nothing."""
+        if self.slot is None or self._batch is not None:
+            yield
+            return
+        b = _Batch(self.chan.next_id())
+        self.chan.send({"t": "batch", "k": b.k, "limit": self.call_limit_s})  # before the first call
+        self._batch = b
+        try:
+            yield
+        finally:
+            self._batch = None
+            self.slot.clear()
+            self.chan.send({"t": "batch-end", "k": b.k, "calls": b.calls}, hold=True)
 
     def call(self, fn: str, func: Any, *args: Any, limit: float | None = None) -> Any:
         k = self.chan.next_id()
-        self.chan.send({"t": "begin", "k": k, "fn": fn, "limit": limit or self.call_limit_s})
+        b = self._batch
+        slot = self.slot if b is not None and b.owner == threading.get_ident() else None
+        if slot is not None:
+            slot.publish(k, fn, limit or self.call_limit_s)
+        else:
+            self.chan.send({"t": "begin", "k": k, "fn": fn, "limit": limit or self.call_limit_s})
         t0 = time.monotonic()
         try:
             return func(*args)
         finally:
-            # held: written with the next message (the next call's begin, the answer, an event)
-            self.chan.send({"t": "end", "k": k, "fn": fn, "s": round(time.monotonic() - t0, 6)}, hold=True)
+            s = round(time.monotonic() - t0, 6)
+            if slot is not None and b is not None:
+                slot.clear()
+                b.calls.append((fn, s))
+            else:
+                # held: written with the next message (the next call's begin, the answer, an event)
+                self.chan.send({"t": "end", "k": k, "fn": fn, "s": s}, hold=True)
 
 
 def load_library(pynvml: Any, lib_path: str | None) -> None:
@@ -162,9 +211,10 @@ class Collector:
 
     def inventory(self) -> dict[str, Any]:
         p = self.nv.pynvml
-        data = self.system()
-        count = self.nv.call("nvmlDeviceGetCount", p.nvmlDeviceGetCount)
-        data["gpus"] = [self.gpu(i) for i in range(count)]
+        with self.nv.batch():
+            data = self.system()
+            count = self.nv.call("nvmlDeviceGetCount", p.nvmlDeviceGetCount)
+            data["gpus"] = [self.gpu(i) for i in range(count)]
         return data
 
     def gpu(self, index: int) -> dict[str, Any]:
@@ -238,6 +288,10 @@ class Collector:
     def usage(self) -> dict[str, Any]:
         """Memory used, utilization and compute processes per full GPU (MIG devices are not walked:
         on a MIG GPU the full-GPU handle lists the processes of all its MIG devices)."""
+        with self.nv.batch():
+            return self._usage()
+
+    def _usage(self) -> dict[str, Any]:
         p, nv = self.nv.pynvml, self.nv
         gpus: list[dict[str, Any]] = []
         procs: list[dict[str, Any]] = []
@@ -385,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--call-limit", type=float, default=5.0)
     ap.add_argument("--events", type=int, default=1)
     ap.add_argument("--event-wait-ms", type=int, default=5000)  # process.EVENT_WAIT_MS
+    ap.add_argument("--slot-fd", type=int, default=-1, help="the parent's call slot (callslot.py)")
     args = ap.parse_args(argv)
 
     # Our protocol owns fd 1; anything else printing to stdout (a library) goes to stderr instead.
@@ -394,8 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "watch":  # serve mode reads stdin itself and ends at EOF
         threading.Thread(target=_exit_on_stdin_eof, daemon=True, name="stdin-eof").start()
 
+    slot = None
+    if args.slot_fd >= 0:
+        try:
+            slot = CallSlot.attach(args.slot_fd)
+        except (OSError, ValueError) as exc:  # announce every call instead: slower, never blind
+            sys.stderr.write(f"nvml worker: call slot fd {args.slot_fd} unusable ({exc}); announcing calls\n")
     try:
-        nv = Nvml(chan, args.call_limit)
+        nv = Nvml(chan, args.call_limit, slot)
     except ImportError as exc:
         chan.send({"t": "error", "fn": "nvmlInit", "code": None, "fatal": True,
                    "msg": f"nvml Init err: pynvml (nvidia-ml-py) is not installed: {exc}"})

@@ -7,6 +7,7 @@ first in-flight deadline. A fake worker (the real protocol, no NVML) makes the t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -16,8 +17,9 @@ import pytest
 
 from hami_agent.nvml import client as client_mod
 from hami_agent.nvml import supervisor as supervisor_mod
+from hami_agent.nvml.callslot import CallSlot
 from hami_agent.nvml.errors import NvmlTimeout
-from hami_agent.nvml.process import WorkerProcess
+from hami_agent.nvml.process import _PKG_ROOT, WorkerProcess
 from hami_agent.nvml.reaper import WorkerReaper
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -79,5 +81,72 @@ def test_supervisor_marks_stuck_on_a_5ms_deadline(monkeypatch):
     try:
         snap = sup.wait_for_change(0, 5)
         assert snap.status == "stuck" and snap.stuck_call == "nvmlInit", snap
+    finally:
+        sup.stop()
+
+
+# the same inside a batch: the call is only in the shared call slot, never on stdout
+FAKE_BATCH = r"""
+import json, sys, time
+from hami_agent.nvml.callslot import CallSlot
+limit, mode, fd = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+slot = CallSlot.attach(fd)
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+def inventory():
+    send({"t": "batch", "k": 1, "limit": limit})
+    slot.publish(2, "nvmlDeviceGetMigMode", limit)
+    time.sleep(0.05)
+    slot.clear()
+    send({"t": "batch-end", "k": 1, "calls": [["nvmlDeviceGetMigMode", 0.05]]})
+    return {"driver_version": "1", "cuda_driver_version": 12080, "gpus": []}
+if mode == "watch":
+    send({"t": "inventory", "data": inventory()})
+    time.sleep(30)
+for line in sys.stdin:
+    req = json.loads(line)
+    send({"t": "inventory", "id": req["id"], "data": inventory()})
+"""
+
+
+class FakeBatchWorker(WorkerProcess):
+    def start(self) -> None:
+        created = CallSlot.create()
+        assert created is not None
+        self.slot, fd = created
+        cmd = [sys.executable, "-c", FAKE_BATCH, str(self.call_limit_s), self.mode, str(fd)]
+        path = os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,),
+                                     env=dict(os.environ, PYTHONPATH=path), start_new_session=True)
+        os.close(fd)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+
+
+def test_client_catches_a_slot_call_past_a_5ms_deadline(monkeypatch):
+    monkeypatch.setattr(client_mod, "WorkerProcess", FakeBatchWorker)
+    c = client_mod.NvmlClient("/dev/null", call_timeout_s=0.005, reaper=WorkerReaper(limit=2))
+    t0 = time.monotonic()
+    with pytest.raises(NvmlTimeout) as info:
+        c.inventory(timeout_s=5)
+    assert info.value.call == "nvmlDeviceGetMigMode"
+    assert time.monotonic() - t0 < 2.0
+    c.close()
+
+
+def test_client_with_a_normal_deadline_reads_a_batch(monkeypatch):
+    monkeypatch.setattr(client_mod, "WorkerProcess", FakeBatchWorker)
+    c = client_mod.NvmlClient("/dev/null", call_timeout_s=1.0, reaper=WorkerReaper(limit=2))
+    assert c.inventory(timeout_s=5).driver_version == "1"
+    c.close()
+
+
+def test_supervisor_marks_a_slot_call_stuck(monkeypatch):
+    monkeypatch.setattr(supervisor_mod, "WorkerProcess", FakeBatchWorker)
+    sup = supervisor_mod.NvmlSupervisor("/dev/null", call_timeout_s=0.005, refresh_interval_s=30,
+                                        watch_events=False, reaper=WorkerReaper(limit=2), backoff_initial_s=5)
+    sup.start()
+    try:
+        snap = sup.wait_for_change(0, 5)
+        assert snap.status == "stuck" and snap.stuck_call == "nvmlDeviceGetMigMode", snap
     finally:
         sup.stop()
