@@ -50,41 +50,6 @@ class FakeWorker(WorkerProcess):
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
 
 
-def test_client_catches_a_call_past_a_1ms_deadline_that_ends_within_the_poll(monkeypatch):
-    monkeypatch.setattr(client_mod, "WorkerProcess", FakeWorker)
-    reaper = WorkerReaper(limit=2)
-    c = client_mod.NvmlClient("/dev/null", call_timeout_s=0.001, reaper=reaper)
-    t0 = time.monotonic()
-    with pytest.raises(NvmlTimeout) as info:
-        c.inventory(timeout_s=5)
-    assert info.value.call == "nvmlInit"
-    assert time.monotonic() - t0 < 2.0
-    end = time.monotonic() + 5
-    while reaper.reap() and time.monotonic() < end:  # the SIGKILLed fake exits at once
-        time.sleep(0.02)
-    assert reaper.reap() == 0
-    c.close()
-
-
-def test_client_with_a_normal_deadline_is_answered(monkeypatch):
-    monkeypatch.setattr(client_mod, "WorkerProcess", FakeWorker)
-    c = client_mod.NvmlClient("/dev/null", call_timeout_s=1.0, reaper=WorkerReaper(limit=2))
-    assert c.inventory(timeout_s=5).driver_version == "1"
-    c.close()
-
-
-def test_supervisor_marks_stuck_on_a_5ms_deadline(monkeypatch):
-    monkeypatch.setattr(supervisor_mod, "WorkerProcess", FakeWorker)
-    sup = supervisor_mod.NvmlSupervisor("/dev/null", call_timeout_s=0.005, refresh_interval_s=30,
-                                        watch_events=False, reaper=WorkerReaper(limit=2), backoff_initial_s=5)
-    sup.start()
-    try:
-        snap = sup.wait_for_change(0, 5)
-        assert snap.status == "stuck" and snap.stuck_call == "nvmlInit", snap
-    finally:
-        sup.stop()
-
-
 # the same inside a batch: the call is only in the shared call slot, never on stdout
 FAKE_BATCH = r"""
 import json, sys, time
@@ -122,31 +87,45 @@ class FakeBatchWorker(WorkerProcess):
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
 
 
-def test_client_catches_a_slot_call_past_a_5ms_deadline(monkeypatch):
-    monkeypatch.setattr(client_mod, "WorkerProcess", FakeBatchWorker)
-    c = client_mod.NvmlClient("/dev/null", call_timeout_s=0.005, reaper=WorkerReaper(limit=2))
+# each fake worker and the call it keeps in flight for 50 ms: announced on stdout, or only in the call slot
+WORKERS = pytest.mark.parametrize(("worker", "call"), [(FakeWorker, "nvmlInit"),
+                                                       (FakeBatchWorker, "nvmlDeviceGetMigMode")],
+                                  ids=["announced", "in-the-slot"])
+
+
+@WORKERS
+def test_client_catches_a_call_past_a_1ms_deadline_that_ends_within_the_poll(monkeypatch, worker, call):
+    monkeypatch.setattr(client_mod, "WorkerProcess", worker)
+    reaper = WorkerReaper(limit=2)
+    c = client_mod.NvmlClient("/dev/null", call_timeout_s=0.001, reaper=reaper)
     t0 = time.monotonic()
     with pytest.raises(NvmlTimeout) as info:
         c.inventory(timeout_s=5)
-    assert info.value.call == "nvmlDeviceGetMigMode"
+    assert info.value.call == call
     assert time.monotonic() - t0 < 2.0
+    end = time.monotonic() + 5
+    while reaper.reap() and time.monotonic() < end:  # the SIGKILLed fake exits at once
+        time.sleep(0.02)
+    assert reaper.reap() == 0
     c.close()
 
 
-def test_client_with_a_normal_deadline_reads_a_batch(monkeypatch):
-    monkeypatch.setattr(client_mod, "WorkerProcess", FakeBatchWorker)
+@WORKERS
+def test_client_with_a_normal_deadline_is_answered(monkeypatch, worker, call):
+    monkeypatch.setattr(client_mod, "WorkerProcess", worker)
     c = client_mod.NvmlClient("/dev/null", call_timeout_s=1.0, reaper=WorkerReaper(limit=2))
     assert c.inventory(timeout_s=5).driver_version == "1"
     c.close()
 
 
-def test_supervisor_marks_a_slot_call_stuck(monkeypatch):
-    monkeypatch.setattr(supervisor_mod, "WorkerProcess", FakeBatchWorker)
+@WORKERS
+def test_supervisor_marks_stuck_on_a_5ms_deadline(monkeypatch, worker, call):
+    monkeypatch.setattr(supervisor_mod, "WorkerProcess", worker)
     sup = supervisor_mod.NvmlSupervisor("/dev/null", call_timeout_s=0.005, refresh_interval_s=30,
                                         watch_events=False, reaper=WorkerReaper(limit=2), backoff_initial_s=5)
     sup.start()
     try:
         snap = sup.wait_for_change(0, 5)
-        assert snap.status == "stuck" and snap.stuck_call == "nvmlDeviceGetMigMode", snap
+        assert snap.status == "stuck" and snap.stuck_call == call, snap
     finally:
         sup.stop()
