@@ -21,6 +21,7 @@ class DelegatingCollector(Collector):
         if target is not None:
             yield from target.collect()
 
+
 class BeforeCollect(Collector):
     """Registered first, so a scrape runs ``hook`` before the plugin's own gauges are read: gauges that
     follow a clock (the NVML snapshot's age) are brought up to date when someone reads them, not on a

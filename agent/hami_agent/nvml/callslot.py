@@ -102,9 +102,3 @@ class CallSlot:
                 return None
             return SlotCall(k, fn.rstrip(b"\0").decode("ascii", "replace"), start_ns / 1e9, limit)
         return None
-
-    def close(self) -> None:
-        try:
-            self._buf.close()
-        except (BufferError, ValueError):
-            pass

@@ -126,8 +126,7 @@ class Nvml:
         try:
             yield
         finally:
-            self._batch = None
-            self.slot.clear()
+            self._batch = None  # each call cleared the slot when it returned
             self.chan.send({"t": "batch-end", "k": b.k, "calls": b.calls}, hold=True)
 
     def call(self, fn: str, func: Any, *args: Any, limit: float | None = None) -> Any:
