@@ -91,3 +91,39 @@ def test_a_node_event_wakes_the_loop_for_that_node_only():
         sync._stop.set()  # noqa: SLF001
         sync._wake.set()  # noqa: SLF001
         thread.join(5)
+
+
+def test_a_burst_of_node_events_costs_one_pass():
+    """A bind locks and releases its node: two events within milliseconds. The loop waits ``coalesce_s``
+    after the first, so both land in one pass (issue 31: one wake per node event)."""
+    sync, _nodes, client = make(5, 3600.0)
+    sync.coalesce_s = 2.0  # generous: a loaded machine may stall this thread between the events
+    passes: list[set[str] | None] = []
+    real = sync.check_nodes
+
+    def counted(only: set[str] | None = None) -> None:
+        passes.append(None if only is None else set(only))
+        real(only)
+
+    sync.check_nodes = counted  # type: ignore[method-assign]
+    thread = threading.Thread(target=sync._loop, daemon=True)  # noqa: SLF001 - the loop itself
+    thread.start()
+    try:
+        assert client.done.wait(5)
+        for _ in range(500):
+            if len(client.patched) == 5:
+                break
+            threading.Event().wait(0.01)
+        for name in ("n1", "n2", "n1", "n4"):  # 40 ms apart: within the window, far apart for a thread
+            sync.on_node(sync.node_informer.by_name[name])
+            threading.Event().wait(0.04)
+        for _ in range(500):
+            if len(passes) >= 2:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.5)  # a second, needless pass would have run by now
+        assert passes == [None, {"n1", "n2", "n4"}]
+    finally:
+        sync._stop.set()  # noqa: SLF001
+        sync._wake.set()  # noqa: SLF001
+        thread.join(5)

@@ -34,6 +34,8 @@ from hami_agent.scheduler.state.podinfo import countable_usage, is_terminated, p
 
 logger = logging.getLogger(__name__)
 
+REGISTER_COALESCE_S = 0.25  # the register loop's pass after a node event gathers the events of this long
+
 
 class ClusterSync:
     def __init__(self, client: Any, cache: UsageCache, names: RequestSettings | None = None, *,
@@ -49,6 +51,7 @@ class ClusterSync:
         self._requests = RequestMemo(self.names)  # on_pod only: the pod informer delivers one event at a time
         self.is_leader = is_leader
         self.interval_s = interval_s
+        self.coalesce_s = REGISTER_COALESCE_S
         self.now = now
         self.node_label_selector = node_label_selector
         self.tracker = HandshakeTracker(resource=self.names.resource_count_name)
@@ -223,7 +226,9 @@ class ClusterSync:
     def _loop(self) -> None:
         """Every node each ``interval_s`` (the handshake's timeouts); between, only the nodes an event
         changed: a pass over every node on each node event (two per pod: the node lock taken and
-        released) made the extender's CPU per pod grow with the cluster (issue 31)."""
+        released) made the extender's CPU per pod grow with the cluster (issue 31). A pass after an event
+        waits ``coalesce_s`` first, so a burst of node events (a node locked and released within a bind)
+        costs one pass, not one wake each; the handshake rules it applies run on a 15 s clock anyway."""
         next_full = 0.0
         while not self._stop.is_set():
             full = time.monotonic() >= next_full
@@ -235,7 +240,8 @@ class ClusterSync:
                 logger.exception("register loop pass failed")
             if full:
                 next_full = time.monotonic() + self.interval_s
-            self._wake.wait(max(0.0, next_full - time.monotonic()))
+            if self._wake.wait(max(0.0, next_full - time.monotonic())) and self.coalesce_s:
+                self._stop.wait(self.coalesce_s)
             self._wake.clear()  # before the next swap: an event after this wakes the loop again
 
     # ------------------------------------------------------------------------------------- pods
