@@ -398,3 +398,20 @@ def test_pipelined_request_started_during_an_answer_keeps_its_header_deadline(pl
         assert data.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1 408 " in data and closed is not None
     finally:
         s.close()
+
+
+def test_an_idle_keep_alive_connection_lives_its_idle_timeout_not_its_last_header_deadline(plain):
+    """After an answer, the connection's deadline moves later (idle 3 s) than the request's header deadline
+    (1 s): the timer set for the earlier one must not close it, and the later one must (the timer is moved
+    only to an earlier deadline and re-armed when it fires)."""
+    s = socket.create_connection(("127.0.0.1", plain.port))
+    try:
+        t0 = time.monotonic()
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        data, closed = read_until_closed(s, FAST.header_timeout_s + 0.8)
+        assert data.startswith(b"HTTP/1.1 200 OK") and closed is None  # past the header deadline: open
+        data, closed = read_until_closed(s, FAST.idle_timeout_s + 3)
+        assert data == b"" and closed is not None
+        assert FAST.idle_timeout_s - 0.3 <= time.monotonic() - t0 <= FAST.idle_timeout_s + 3
+    finally:
+        s.close()
