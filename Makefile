@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30 --durations-min=15  # the slowest tests in every run's log (CI's too)
 
 .PHONY: setup system-deps gpusim test test-fast molecule lint bench chaos demo demo-quick sandbox-up sandbox-down clean \
 	device-wheels hami-core-src device-check device-check-dry
