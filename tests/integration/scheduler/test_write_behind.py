@@ -124,3 +124,49 @@ def test_the_pool_is_bounded_and_stops():
         release.set()
         pool.stop()
     assert pool.submit(lambda: "") is None  # stopped: inline
+
+
+def test_bind_takes_the_answer_to_its_own_write_when_the_watch_lags(api_server):
+    """/bind usually comes milliseconds after its /filter's write, before the pending-pod watch shows it:
+    the binder uses the API's answer to that write (the pod as a GET would read it then) instead of
+    GETting the pod; without that answer it reads the API as before. The bind-phase write is
+    conditional on the copy's resourceVersion either way."""
+    api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
+    api_server.create(gpu_node("gpu-2", gpus=1, mem=8000))  # p's bind holds gpu-1's lock (no plugin here)
+    p = create(api_server, gpu_pod("p", mem=1000))
+    q = create(api_server, gpu_pod("q", mem=1000))
+    with extender(api_server) as (app, ext):
+        created = {"p": p, "q": q}
+        app.extender.pods.cached = lambda _ns, name: created.get(name)  # the watch shows only the create
+        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
+        assert wait_for(lambda: app.extender.decisions.get(p["metadata"]["uid"]).write_error() == "")
+        assert bind(ext, p) == {"Error": ""}
+        assert api_server.requests_matching("GET", r"/pods/p$") == []
+        assert app.extender.pods.written_hits == 1
+        assert api_server.get("Pod", "default", "p")["spec"]["nodeName"] == "gpu-1"
+        assert app.extender.pods.written("default", "p", p["metadata"]["uid"]) is None  # dropped at the end
+        # without the answer (evicted, or never kept): the API is read
+        assert filter_(ext, q, nodes=("gpu-2",))["NodeNames"] == ["gpu-2"]
+        assert wait_for(lambda: app.extender.decisions.get(q["metadata"]["uid"]).write_error() == "")
+        app.extender.pods.forget_written(q["metadata"]["uid"])  # as if never kept (or evicted)
+        assert bind(ext, q, "gpu-2") == {"Error": ""}
+        assert len(api_server.requests_matching("GET", r"/pods/q$")) == 1
+        check_cluster(api_server, [app])
+
+
+def test_an_answer_overtaken_by_a_later_change_fails_the_conditional_write(api_server):
+    """The answer kept for /bind is older than a change made after it (here a label): the bind-phase
+    write conditional on it meets 409, the pod is read afresh, and the bind goes on from the API's copy."""
+    api_server.create(gpu_node("gpu-1", gpus=1, mem=8000))
+    p = create(api_server, gpu_pod("p", mem=1000))
+    with extender(api_server) as (app, ext):
+        app.extender.pods.cached = lambda _ns, _name: p
+        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
+        assert wait_for(lambda: app.extender.decisions.get(p["metadata"]["uid"]).write_error() == "")
+        api_server.patch("pods", "default", "p", {"metadata": {"labels": {"later": "yes"}}})
+        assert bind(ext, p) == {"Error": ""}
+        assert app.extender.pods.written_hits == 1
+        assert len(api_server.requests_matching("GET", r"/pods/p$")) == 1  # read afresh after the 409
+        pod = api_server.get("Pod", "default", "p")
+        assert pod["spec"]["nodeName"] == "gpu-1" and pod["metadata"]["labels"]["later"] == "yes"
+        check_cluster(api_server, [app])

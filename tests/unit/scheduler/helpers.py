@@ -101,7 +101,9 @@ class FakePodClient:
         md["resourceVersion"] = str(self._rv)
         if self.fail_patch == "500-after-apply":  # applied, but the answer is an error
             raise KubeError(500, "InternalError", "simulated", "patch", "pod", f"{ns}/{name}")
-        return pod
+        import copy
+
+        return copy.deepcopy(pod)  # the API's answer is a copy: later writes do not change it
 
     def list_resource_quotas(self, ns):
         return self.quotas

@@ -4,7 +4,9 @@ The body of a /filter or /bind request gives the pod's identity only (namespace,
 who can reach the extender can write a body, and kube-scheduler's copy of the pod may be older than the
 API's. The pod's spec and annotations come from the extender's own informer of pending pods with our
 ``schedulerName`` or, on a miss (the informer has not seen the pod yet, or holds an older pod of the
-same name), from a GET — always matched on namespace, name *and* uid.
+same name), from a GET — always matched on namespace, name *and* uid. Between the two, for /bind: the API's
+answer to this extender's own assignment write (``note_written``), which is the pod as a GET would have
+read it at that moment; /bind usually follows that write by milliseconds, before the watch shows it.
 
 A pod may be decided for only while it is pending for this scheduler: not bound (``spec.nodeName``),
 not terminating (``metadata.deletionTimestamp``), phase Pending, ``spec.schedulerName`` ours. Anything
@@ -13,6 +15,8 @@ else is refused with a reason and nothing is written.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +50,9 @@ def refusal(pod: dict, scheduler_name: str) -> str:
     return ""
 
 
+WRITTEN_KEPT = 256  # answers to our own assignment writes kept for /bind (~6 KB each)
+
+
 class PodStates:
     """Trusted pod state for the request paths. ``cached``: the informer's ``get(ns, name)`` (None to
     always GET). ``client``: an API client view with the request path's timeout."""
@@ -57,6 +64,40 @@ class PodStates:
         self.scheduler_name = scheduler_name
         self.hits = 0
         self.gets = 0
+        self.written_hits = 0
+        self._written: OrderedDict[str, dict] = OrderedDict()  # uid -> the answer to our own write
+        self._written_lock = threading.Lock()
+
+    def note_written(self, pod: dict) -> None:
+        """Keep the API's answer to this extender's write of ``pod`` for the pod's /bind (the newest
+        ``WRITTEN_KEPT`` answers: a /bind comes within a second of its /filter's write)."""
+        uid = pod_uid(pod)
+        if not uid:
+            return
+        with self._written_lock:
+            self._written[uid] = pod
+            self._written.move_to_end(uid)
+            while len(self._written) > WRITTEN_KEPT:
+                self._written.popitem(last=False)
+
+    def written(self, ns: str, name: str, uid: str) -> dict | None:
+        """The answer to this extender's own write of the pod when it is the same pod (namespace, name and
+        uid) and pending for this scheduler; else None (ask the API). A write that a later change overtook
+        is caught by the conditional write made on this copy. Kept until ``forget_written`` (the bind
+        ended): a bind that waited for a node lock reads it again."""
+        with self._written_lock:
+            pod = self._written.get(uid)
+        if pod is None:
+            return None
+        md = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+        if md.get("namespace") != ns or md.get("name") != name or refusal(pod, self.scheduler_name):
+            return None
+        self.written_hits += 1
+        return pod
+
+    def forget_written(self, uid: str) -> None:
+        with self._written_lock:
+            self._written.pop(uid, None)
 
     def get(self, ns: str, name: str, uid: str, fresh: bool = False) -> dict:
         """The pod with this namespace, name and uid; raises ``PodRefused`` when it does not exist (any

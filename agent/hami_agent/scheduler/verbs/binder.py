@@ -146,6 +146,7 @@ class Binder:
         with self._lock:
             self._active.discard(uid)
             self._lock_waits.pop(uid, None)
+        self.pods.forget_written(uid)  # bound or refused: kube-scheduler's next /bind comes after a /filter
 
     def _checked(self, b: BindArgs, fresh: bool) -> dict | tuple[dict, FilterDecision | None]:
         """The pod and this extender's decision for it, or the refusal to answer. ``fresh=False``: the
@@ -171,7 +172,10 @@ class Binder:
         if rec.node != b.node:
             return self._refuse(b, f"this extender decided node {rec.node} for it, not {b.node}")
         if not _carries(pod, rec):
-            if not fresh:  # the watch has not shown the assignment write yet: ask the API
+            if not fresh:  # the watch has not shown the assignment write yet: its answer, else the API
+                written = self.pods.written(b.namespace, b.name, b.uid)
+                if written is not None and _carries(written, rec):
+                    return written, rec
                 return self._checked(b, fresh=True)
             return self._refuse(b, f"its {keys.VGPU_NODE}/{keys.DEVICES_TO_ALLOCATE} annotations are not "
                                    "this extender's decision any more: kube-scheduler will filter it again")

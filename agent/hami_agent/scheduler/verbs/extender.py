@@ -354,9 +354,11 @@ class Extender:
             ann[keys.PREEMPTION_HOLD] = None  # the assignment ends a preemptor's hold
         try:
             self.gate.check("pod annotations")
-            self.wclient.patch_pod_metadata(ns, name, annotations=ann,
-                                            labels={keys.VGPU_NODE: vgpu_node_label(node)},
-                                            resource_version=rv or None, decode=False)
+            written = self.wclient.patch_pod_metadata(ns, name, annotations=ann,
+                                                      labels={keys.VGPU_NODE: vgpu_node_label(node)},
+                                                      resource_version=rv or None)
+            if isinstance(written, dict) and written:
+                self.pods.note_written(written)  # the pod's /bind reads it instead of GETting the pod
             return ""
         except NotLeader as exc:  # nothing was sent
             why: Exception = exc
