@@ -61,3 +61,10 @@ def test_the_answers_kept_are_bounded(monkeypatch):
         s.note_written(gpu_pod(f"p{i}", uid=f"u{i}"))
     kept = [s.written("default", f"p{i}", f"u{i}") is not None for i in range(5)]
     assert kept == [False, False, True, True, True]
+
+
+@pytest.mark.parametrize("answer", [None, {}, "x", {"metadata": {"name": "p"}}])
+def test_an_answer_that_is_not_a_pod_with_a_uid_is_not_kept(answer):
+    s = states()
+    s.note_written(answer)
+    assert s.written("default", "p", "") is None and not s._written  # noqa: SLF001

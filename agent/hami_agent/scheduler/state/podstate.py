@@ -68,10 +68,10 @@ class PodStates:
         self._written: OrderedDict[str, dict] = OrderedDict()  # uid -> the answer to our own write
         self._written_lock = threading.Lock()
 
-    def note_written(self, pod: dict) -> None:
+    def note_written(self, pod: object) -> None:
         """Keep the API's answer to this extender's write of ``pod`` for the pod's /bind (the newest
         ``WRITTEN_KEPT`` answers: a /bind comes within a second of its /filter's write)."""
-        uid = pod_uid(pod)
+        uid = pod_uid(pod) if isinstance(pod, dict) else ""
         if not uid:
             return
         with self._written_lock:

@@ -354,11 +354,9 @@ class Extender:
             ann[keys.PREEMPTION_HOLD] = None  # the assignment ends a preemptor's hold
         try:
             self.gate.check("pod annotations")
-            written = self.wclient.patch_pod_metadata(ns, name, annotations=ann,
-                                                      labels={keys.VGPU_NODE: vgpu_node_label(node)},
-                                                      resource_version=rv or None)
-            if isinstance(written, dict) and written:
-                self.pods.note_written(written)  # the pod's /bind reads it instead of GETting the pod
+            self.pods.note_written(self.wclient.patch_pod_metadata(  # the pod's /bind reads the answer
+                ns, name, annotations=ann, labels={keys.VGPU_NODE: vgpu_node_label(node)},
+                resource_version=rv or None))
             return ""
         except NotLeader as exc:  # nothing was sent
             why: Exception = exc
