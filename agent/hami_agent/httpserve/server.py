@@ -535,7 +535,6 @@ class _Connection(asyncio.Protocol):
         self._peer_eof = False
         self._method = ""
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when the pending timer fires
         self._deadline: float | None = None  # of the current state (None: none)
         self._task: asyncio.Task | None = None
         self._write_paused = False
@@ -633,20 +632,18 @@ class _Connection(asyncio.Protocol):
         self.state = state
         self.since = self.loop.time()
         self._deadline = deadline
-        if deadline is None or (self._timer is not None and self._timer_at <= deadline):
+        if deadline is None or (self._timer is not None and self._timer.when() <= deadline):
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer_at = deadline
         self._timer = self.loop.call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        deadline = self._deadline
-        if deadline is None or self.state == "closed":
+        deadline = self._deadline  # None once closed (``_closed``) or in a state without one
+        if deadline is None:
             return
         if deadline > self.loop.time():  # a later deadline than the one this timer was set for
-            self._timer_at = deadline
             self._timer = self.loop.call_at(deadline, self._on_timer)
             return
         self._on_timeout(self.state)
