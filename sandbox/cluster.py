@@ -546,7 +546,8 @@ class Sandbox:
                     "--nvml-refresh-interval",
                     "2",
                 ],
-                env={**_env(), "GPUSIM_STATE": str(cfg.gpusim_state(node.name))},
+                env={**_env(), "GPUSIM_STATE": str(cfg.gpusim_state(node.name)),
+                     "HAMI_DRIVER_VERSION_FILE": str(cfg.sysfs_dir(node.name) / "sys/module/nvidia/version")},
                 cwd=REPO,
             )
         ctl = cfg.control_node

@@ -26,6 +26,7 @@ from hami_agent.nvml.inventory import (
     resolve_lib_path,
     warn_memory_not_supported,
 )
+from hami_agent.nvml.loaded import LoadedDriver
 from hami_agent.nvml.model import Snapshot
 from hami_agent.nvml.process import WorkerProcess
 from hami_agent.nvml.reaper import WorkerReaper, default_reaper
@@ -42,7 +43,7 @@ class NvmlClient:
 
     def __init__(self, lib_path: str | os.PathLike[str] | None = None, call_timeout_s: float = 10.0, *,
                  reaper: WorkerReaper | None = None, backoff_initial_s: float = 1.0,
-                 backoff_max_s: float = 60.0) -> None:
+                 backoff_max_s: float = 60.0, driver: LoadedDriver | None = None) -> None:
         if call_timeout_s <= 0:
             raise ValueError("call_timeout_s must be > 0")
         self.lib_path = resolve_lib_path(lib_path)
@@ -50,6 +51,7 @@ class NvmlClient:
         self.reaper = reaper or default_reaper()
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.driver = driver or LoadedDriver()  # a changed kernel module ends the backoff (loaded.py)
         self.workers_started = 0
         self._lock = threading.Lock()
         self._worker: WorkerProcess | None = None
@@ -57,6 +59,7 @@ class NvmlClient:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error: NvmlError | None = None
+        self._module: str | None = None  # the loaded module when the last worker started
 
     def __enter__(self) -> NvmlClient:
         return self
@@ -121,7 +124,8 @@ class NvmlClient:
         if w is not None and w.exit_code() is None:
             return w
         self._worker = None
-        if time.monotonic() < self._retry_at and self._last_error is not None:
+        if (time.monotonic() < self._retry_at and self._last_error is not None
+                and not self.driver.changed_since(self._module)):
             # stable text (the monitor logs a message once per change): no countdown in it
             raise NvmlError(f"{self._last_error} (backing off: the next NVML worker starts at most "
                             f"{self._backoff_s():g}s after the failure)",
@@ -133,6 +137,7 @@ class NvmlClient:
                 err = self.reaper.blocked_error()
                 logger.error("%s; %s", err, "; ".join(self.reaper.details()))
                 raise err
+        self._module = self.driver.read()  # before anything can fail: the backoff compares against it
         check_lib_path(self.lib_path)
         w = WorkerProcess(mode="serve", lib_path=self.lib_path, call_limit_s=self.call_timeout_s)
         try:

@@ -3,9 +3,10 @@
 DESIGN rule 2: calls have deadlines; a call past its deadline marks the worker stuck (metric + log +
 every GPU unhealthy with reason ``nvml-stuck``), the worker is SIGKILLed and abandoned to the process's
 ``WorkerReaper`` (reaped later without blocking), and a new worker is tried with exponential backoff (1 s
-doubling to 60 s). While the reaper's limit of abandoned workers is alive (killed, but stuck in the driver
-in D state), no worker starts: the snapshot says ``nvml-stuck-unkillable`` and the supervisor resumes as
-soon as one of them exits. When a worker succeeds the snapshot recovers. ``snapshot()`` never blocks.
+doubling to 60 s, cut short when the loaded kernel module changes: ``loaded.py``). While the reaper's limit
+of abandoned workers is alive (killed, but stuck in the driver in D state), no worker starts: the snapshot
+says ``nvml-stuck-unkillable`` and the supervisor resumes as soon as one of them exits. When a worker
+succeeds the snapshot recovers. ``snapshot()`` never blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hami_agent import log
 from hami_agent.nvml.errors import NvmlTimeout
 from hami_agent.nvml.health import XidPolicy
 from hami_agent.nvml.inventory import build_snapshot, resolve_lib_path, warn_memory_not_supported
+from hami_agent.nvml.loaded import LoadedDriver
 from hami_agent.nvml.model import (
     REASON_NVML_ERROR,
     REASON_STUCK,
@@ -70,7 +72,7 @@ class NvmlSupervisor:
                  event_wait_ms: int = EVENT_WAIT_MS, backoff_initial_s: float = 1.0,
                  backoff_max_s: float = 60.0,
                  xid_policy: XidPolicy | None = None, env: Mapping[str, str] | None = None,
-                 reaper: WorkerReaper | None = None) -> None:
+                 reaper: WorkerReaper | None = None, driver: LoadedDriver | None = None) -> None:
         if call_timeout_s <= 0 or refresh_interval_s <= 0:
             raise ValueError("call_timeout_s and refresh_interval_s must be > 0")
         self.lib_path = resolve_lib_path(lib_path)
@@ -83,6 +85,7 @@ class NvmlSupervisor:
         self.xid_policy = xid_policy or XidPolicy.from_env(os.environ if env is None else env)
         self.restarts = 0
         self.reaper = reaper or default_reaper()
+        self.driver = driver or LoadedDriver()  # a retry starts at once when the module changes (loaded.py)
         self._metrics = _Metrics(registry) if registry is not None else None
         self._cond = threading.Condition()
         self._snap = Snapshot(status="starting", taken_at=time.time(), generation=0)
@@ -202,6 +205,7 @@ class NvmlSupervisor:
                 if self._metrics:
                     self._metrics.restarts.inc()
             first = False
+            module = self.driver.read()
             got_inventory = self._run_worker()
             self._reap()
             if self._stop.is_set():
@@ -209,8 +213,12 @@ class NvmlSupervisor:
             if got_inventory:
                 backoff = self.backoff_initial_s
             logger.info("restarting the NVML worker in %gs", backoff)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, self.backoff_max_s)
+            if self.driver.wait_changed(module, backoff, self._stop):
+                logger.info("the loaded NVIDIA module changed (%s -> %s): starting the NVML worker now",
+                            module or "none", self.driver.read() or "none")
+                backoff = self.backoff_initial_s
+            else:
+                backoff = min(backoff * 2, self.backoff_max_s)
         if self._worker is not None:
             self._worker.stop(grace_s=1.0)
 

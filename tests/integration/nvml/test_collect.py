@@ -159,3 +159,24 @@ def test_mig_profiles_without_device_attributes(gpusim_node: GpusimNode) -> None
     snap = collect_inventory(timeout_s=20)
     assert [(m.profile, m.memory_mib) for m in snap.gpus[1].mig_devices] == [
         ("3g.48gb", 47488), ("1g.24gb", 23552), ("1g.12gb", 11776), ("1g.12gb", 11776)]
+
+
+def test_a_changed_kernel_module_ends_the_clients_backoff(gpusim_node: GpusimNode, tmp_path) -> None:
+    from hami_agent.nvml import NvmlClient
+    from hami_agent.nvml.loaded import LoadedDriver
+
+    version = tmp_path / "version"
+    gpusim_node.update(lambda s: s.__setitem__("driver_loaded", False))
+    client = NvmlClient(call_timeout_s=5, backoff_initial_s=30.0, driver=LoadedDriver(str(version)))
+    try:
+        with pytest.raises(NvmlError, match="Driver Not Loaded"):
+            client.inventory()
+        gpusim_node.update(lambda s: s.__setitem__("driver_loaded", True))
+        with pytest.raises(NvmlError, match="backing off"):  # no module file yet: the backoff holds
+            client.inventory()
+        started = client.workers_started
+        version.write_text("570.172.08\n")  # the module is loaded: try now
+        assert client.inventory().status == "ok"
+        assert client.workers_started == started + 1
+    finally:
+        client.close()

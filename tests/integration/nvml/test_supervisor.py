@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from hami_agent.nvml import NvmlSupervisor, Snapshot, XidPolicy
+from hami_agent.nvml.loaded import LoadedDriver
 from tests.gpusim.fixtures import GpusimNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -226,3 +227,19 @@ def test_worker_does_not_outlive_a_crashed_agent(gpusim_node: GpusimNode) -> Non
     while alive(int(pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(int(pid))
+
+
+def test_a_changed_kernel_module_ends_the_backoff(gpusim_node: GpusimNode, supervisors, tmp_path) -> None:
+    """A driver fixed under a failing NVML is tried at once, not at the end of a backoff of up to 60 s
+    (a remediation's gate waited for it)."""
+    version = tmp_path / "version"
+    version.write_text(BAD + "\n")
+    gpusim_node.update(lambda s: s.__setitem__("driver_loaded", False))
+    sup = make(supervisors, backoff_initial_s=30.0, backoff_max_s=60.0,
+               driver=LoadedDriver(str(version), poll_s=0.05))
+    wait_for(sup, lambda s: s.status == "error")
+    gpusim_node.update(lambda s: s.__setitem__("driver_loaded", True))
+    time.sleep(1.0)
+    assert sup.snapshot().status == "error", "the module file did not change: the 30 s backoff holds"
+    version.write_text(FIXED + "\n")
+    wait_for(sup, lambda s: s.status == "ok", timeout=10)

@@ -174,3 +174,17 @@ def test_loopback_bind_host_keeps_one_listener():
     cfg = yaml.safe_load(render("hami_scheduler", "kube-scheduler-config.yaml.j2", v))
     ext = cfg["profiles"][0]["extenders"][0]
     assert ext["urlPrefix"] == "http://127.0.0.1:18080" and ext["enableHTTPS"] is False
+
+
+AGENT_UNITS = ("hami-device-plugin.service.j2", "hami-dra.service.j2", "hami-monitor.service.j2")
+
+
+def test_agent_units_name_the_module_version_file_only_when_it_is_not_sysfs():
+    """A failing NVML is retried when the loaded module changes (agent/hami_agent/nvml/loaded.py): a
+    simulated node's version file lives in gpusim's emulated sysfs; a real node's is the default."""
+    for template in AGENT_UNITS:
+        plain = render("hami_agent", template, role_vars("hami_agent"))
+        assert "ExecStart=" in plain and "HAMI_DRIVER_VERSION_FILE" not in plain, template
+        sim = render("hami_agent", template, role_vars(
+            "hami_agent", nvidia_driver_module_version_file="/run/gpusim/sys/module/nvidia/version"))
+        assert "Environment=HAMI_DRIVER_VERSION_FILE=/run/gpusim/sys/module/nvidia/version\n" in sim, template
