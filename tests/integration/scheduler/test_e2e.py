@@ -50,9 +50,10 @@ def test_pod_scheduled_annotated_bound_and_lock_released(api_server):
         assert msgs["FilteringSucceed"].startswith(
             "find fit node(gpu-1), 0 nodes not fit, 1 nodes fit(gpu-1:")
         assert msgs["BindingSucceed"] == "Successfully binding node [gpu-1] to default/p1"
-        node_ann = api_server.get("Node", None, "gpu-1")["metadata"]["annotations"]
-        handshake = node_ann.get(keys.NODE_HANDSHAKE, "")
-        assert handshake.startswith("Requesting_")
+        # the register loop writes the handshake on its own clock (a pass gathers node events for
+        # REGISTER_COALESCE_S first): waited for, not read at once
+        assert wait_for(lambda: api_server.get("Node", None, "gpu-1")["metadata"]["annotations"]
+                        .get(keys.NODE_HANDSHAKE, "").startswith("Requesting_"))
 
 
 def test_unschedulable_reasons_in_events(api_server):
