@@ -47,10 +47,11 @@ CONTENTION = "node lock contention"
 class NodeLockError(Exception):
     """The lock could not be taken or released; the message says why in HAMi's words."""
 
-    def __init__(self, message: str, node: str = "", holder: str = "") -> None:
+    def __init__(self, message: str, node: str = "", holder: str = "", *, from_watch: bool = False) -> None:
         super().__init__(message)
         self.node = node
         self.holder = holder
+        self.from_watch = from_watch  # judged busy from the watches' copies alone (no read): may be stale
 
 
 def contention_message(node_name: str, expiry_s: float) -> str:
@@ -68,7 +69,7 @@ def _rv(node: dict) -> str:
 def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,  # noqa: PLR0913
               expiry_s: float = DEFAULT_EXPIRY_S, *, now: Callable[[], datetime] | None = None,
               backoff: Backoff | None = None, cached: dict | None = None,
-              watched_pod: WatchedPod | None = None) -> str:
+              watched_pod: WatchedPod | None = None, judge_cached_lock: bool = False) -> str:
     """Take the node lock for pod ``namespace/pod_name`` and return the lock value now on the node;
     raise ``NodeLockError`` if the node is busy (or conflicts persist through the backoff).
     ``KubeError`` propagates for API failures (after a timeout the lock may or may not be set: the
@@ -82,9 +83,17 @@ def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
     ``watched_pod(namespace, name)``: the lock owner as a watch shows it. When that copy says the owner
     still needs the lock (the common case: it is being bound or allocated), the node is busy without a
     GET of the owner; only a copy that says it is done, or none, is confirmed from the API before the
-    lock is taken over (a watch may lag, and a live lock is never taken on a stale copy)."""
+    lock is taken over (a watch may lag, and a live lock is never taken on a stale copy).
+
+    ``judge_cached_lock``: a lock in the cached copy whose owner the pod watch shows still needing it (and
+    that is not expired) makes the node busy without reading it: ``NodeLockError`` with ``from_watch``. Only
+    for a caller that then waits for the node watch to show the release and reads the node itself if the
+    watch does not show it soon (``lockwait``): the copies may be stale, so this judgement may only ever
+    delay a bind, never let one take or skip a lock."""
     clock = now or (lambda: datetime.now(timezone.utc))
     bo = backoff or hami_nodelock_backoff()
+    if judge_cached_lock and cached is not None and watched_pod is not None:
+        _busy_in_copies(cached, node_name, namespace, pod_name, expiry_s, clock(), watched_pod)
     if cached is not None and _rv(cached) and not _lock_annotation(cached):
         try:
             return _patch_lock(client, node_name, namespace, pod_name, _rv(cached), clock())
@@ -101,6 +110,27 @@ def lock_node(client: KubeClient, node_name: str, namespace: str, pod_name: str,
             delay = bo.next()
             log.v(logger, 4, "node lock on %s: %s; retrying in %.3fs", node_name, e.summary, delay)
             time.sleep(delay)
+
+
+def _busy_in_copies(cached: dict, node_name: str, namespace: str, pod_name: str,  # noqa: PLR0913, PLR0917
+                    expiry_s: float, now: datetime, watched_pod: WatchedPod) -> None:
+    """Raise the contention error when the watches' copies show another pod's live lock on the node that
+    its owner still needs; return (nothing judged) in every other case, the API then decides."""
+    current = _lock_annotation(cached)
+    if not current:
+        return
+    try:
+        held = parse_lock_value(current)
+    except ProtocolError:
+        return
+    if (not held.has_owner or held.owned_by(namespace, pod_name)
+            or held.expired(now, timedelta(seconds=expiry_s))):
+        return
+    seen = watched_pod(held.namespace, held.name)
+    if seen is None or pod_done_with(seen, node_name):
+        return
+    raise NodeLockError(contention_message(node_name, expiry_s), node_name, f"{held.namespace}/{held.name}",
+                        from_watch=True)
 
 
 def _try_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, expiry_s: float,  # noqa: PLR0917

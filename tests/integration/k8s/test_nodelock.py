@@ -298,3 +298,44 @@ def test_an_owner_the_watch_shows_done_is_confirmed_before_the_take_over(api_ser
     gone = {}  # a copy missing (the owner not in the watch): asked of the API too
     with pytest.raises(NodeLockError, match="node lock contention"):
         lock_node(kube, "gpu-1", "ns", "new", watched_pod=lambda ns, name: gone.get(name))
+
+
+def test_a_busy_lock_judged_from_the_copies_costs_no_request(api_server: ApiServer, kube: KubeClient) -> None:
+    """judge_cached_lock (a bind's first attempt with a waiter): the node watch's copy shows a live lock
+    whose owner the pod watch shows still needing it: busy, without reading the node or the owner."""
+    owner = api_server.create(pod("old", namespace="ns"))  # pending: still needs its lock
+    recent = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    locked = api_server.create(node("gpu-1", annotations={keys.NODE_LOCK: f"{recent},ns,old"}))
+    before = len(api_server.requests)
+    with pytest.raises(NodeLockError, match="node lock contention") as info:
+        lock_node(kube, "gpu-1", "ns", "new", cached=locked, watched_pod=lambda ns, name: owner,
+                  judge_cached_lock=True)
+    assert info.value.from_watch and info.value.holder == "ns/old"
+    assert list(api_server.requests)[before:] == []
+    # without the flag the same copies cost a read of the node (the lock is judged from the API)
+    with pytest.raises(NodeLockError, match="node lock contention") as info:
+        lock_node(kube, "gpu-1", "ns", "new", cached=locked, watched_pod=lambda ns, name: owner)
+    assert not info.value.from_watch
+    assert [r.method for r in list(api_server.requests)[before:]] == ["GET"]
+
+
+def test_copies_that_do_not_show_a_live_lock_are_judged_by_the_api(api_server: ApiServer,
+                                                                   kube: KubeClient) -> None:
+    """Every case the copies cannot settle goes to the API: an owner the pod watch shows done or does not
+    show, an expired lock, the caller's own lock. The node is free in the API in each (a stale copy):
+    the lock is taken, never refused on the copies."""
+    owner = api_server.create(pod("old", namespace="ns"))
+    done = dict(owner, spec={**owner["spec"], "nodeName": "gpu-2"})
+    recent = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old = (datetime.now(UTC) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api_server.create(node("gpu-1"))
+    cases = ((f"{recent},ns,old", lambda ns, name: done), (f"{recent},ns,old", lambda ns, name: None),
+             (f"{old},ns,old", lambda ns, name: owner), (f"{recent},ns,new", lambda ns, name: owner))
+    for value, seen in cases:
+        stale = api_server.get("nodes", None, "gpu-1")
+        stale["metadata"]["annotations"] = {keys.NODE_LOCK: value}
+        before = len(api_server.requests_matching("GET", "/nodes/gpu-1$"))
+        lock_node(kube, "gpu-1", "ns", "new", cached=stale, watched_pod=seen, judge_cached_lock=True)
+        assert parse_lock_value(lock_value(api_server)).name == "new", value
+        assert len(api_server.requests_matching("GET", "/nodes/gpu-1$")) == before + 1, value
+        release_node_lock(kube, "gpu-1", "ns", "new")

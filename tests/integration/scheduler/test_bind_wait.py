@@ -29,6 +29,7 @@ def _locked_by_allocating_pod(api) -> None:
     holder = gpu_pod("holder", mem=1000, annotations={keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
                                                       keys.VGPU_NODE: "gpu-1"})
     holder["spec"]["nodeName"] = "gpu-1"
+    holder["metadata"].setdefault("labels", {})[keys.VGPU_NODE] = "gpu-1"  # as the extender's assignment
     api.create(holder)
 
 
@@ -124,3 +125,29 @@ def test_a_lagging_node_watch_cannot_turn_the_wait_into_a_loop(api_server):
         # 0.05 s doubling to 1 s within 3 s: about 7 tries; at once every time it was hundreds
         assert 1 <= reads <= 15, reads
         assert app.lock_waiter.waiting() == 0
+
+
+def test_a_lock_judged_busy_from_a_stalled_watch_is_read_after_a_second(api_server):
+    """A bind's first attempt judges a busy lock from the watches' copies alone (no GET of the node). The
+    node watch may be stale: here it stalls showing the lock after the API released it. The bind reads the
+    node itself RECHECK_S later and takes the lock, instead of waiting out its 20 s for a release the
+    watch will not show."""
+    from hami_agent.scheduler.verbs.lockwait import RECHECK_S
+
+    _locked_by_allocating_pod(api_server)
+    with extender(api_server, SchedulerConfig(bind_lock_wait_s=20.0)) as (app, ext):
+        p = create(api_server, gpu_pod("p", mem=1000))
+        assert filter_(ext, p)["NodeNames"] == ["gpu-1"]
+        frozen = api_server.get("Node", None, "gpu-1")  # the watch's last copy: holder's lock
+        app.extender.binder.watched_node = lambda name: frozen
+        app.sync.on_node_seen = lambda _node: None  # the lock table no longer hears of gpu-1
+        _release(api_server)
+        reads = len(api_server.requests_matching("GET", r"/api/v1/nodes/gpu-1$"))
+        t0 = time.monotonic()
+        answer = bind(ext, p)
+        waited = time.monotonic() - t0
+        assert answer == {"Error": ""}
+        assert RECHECK_S * 0.9 <= waited < RECHECK_S + 4.0, waited  # the recheck, not the 20 s wait
+        assert len(api_server.requests_matching("GET", r"/api/v1/nodes/gpu-1$")) - reads == 1
+        lock = api_server.get("Node", None, "gpu-1")["metadata"]["annotations"][keys.NODE_LOCK]
+        assert lock.endswith(",default,p")

@@ -184,10 +184,12 @@ class Binder:
     def _bind_gpu_pod(self, b: BindArgs, pod: dict, rec: FilterDecision) -> dict | Future:
         try:
             self.gate.check("the node lock")
+            with self._lock:  # a bind's first attempt may judge a busy lock from the watches (no GET)
+                first = self.waiter is not None and b.uid not in self._lock_waits
             value = lock_node(self.wclient, b.node, b.namespace, b.name,
                               expiry_s=self.config.node_lock_timeout_s,
                               cached=self.watched_node(b.node) if self.watched_node else None,
-                              watched_pod=self.watched_pod)
+                              watched_pod=self.watched_pod, judge_cached_lock=first)
         except NodeLockError as exc:  # nothing written, or the lock is someone else's
             if self.waiter is not None and exc.holder and CONTENTION in str(exc):
                 return self._wait_for_lock(b, exc)
@@ -260,7 +262,8 @@ class Binder:
                 self.waiter.done(b.node)  # the lock stays free: the next waiter may try
             fut.set_result(out)
 
-        if not self.waiter.wait(b.node, self.waiter.lock_of(b.node), resume, deadline, attempt):
+        if not self.waiter.wait(b.node, self.waiter.lock_of(b.node), resume, deadline, attempt,
+                                recheck=busy.from_watch):
             return self.fail(b, None, f"{busy} (and too many binds are already waiting)")
         return fut
 

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
+RECHECK_S = 1.0  # a lock judged busy from the watches alone is read from the API if not released by then
 
 
 @dataclass(order=True)
@@ -48,6 +49,8 @@ class _Waiter:
     resume: Callable[[bool], None] = field(compare=False)  # resume(timed_out)
     done: bool = field(default=False, compare=False)
     final: bool = field(default=True, compare=False)  # False: ``deadline`` is a retry, not the time-out
+    until: float = field(default=0.0, compare=False)  # the time-out (``deadline`` when ``final``)
+    watching: str | None = field(default=None, compare=False)  # a recheck's lock as the watch showed it
 
 
 class NodeLockWaiter:
@@ -103,12 +106,17 @@ class NodeLockWaiter:
         return self.locks.value(node)
 
     # ------------------------------------------------------------------------------ binds
-    def wait(self, node: str, contended: str | None, resume: Callable[[bool], None],
-             deadline: float | None = None, attempt: int = 0) -> bool:
+    def wait(self, node: str, contended: str | None, resume: Callable[[bool], None],  # noqa: PLR0913
+             deadline: float | None = None, attempt: int = 0, *, recheck: bool = False) -> bool:
         """Park a bind that met ``contended`` on ``node``; ``resume(timed_out)`` runs on a pool thread
         when the lock is gone (or at once if it already changed) or at ``deadline`` (default: ``wait_s``
         from now). ``attempt``: how many times this bind already waited (its first ``deadline`` is kept);
         from the second on, a watch that does not show ``contended`` means a retry after a growing delay.
+        ``recheck``: the lock was judged busy from the watches' copies alone (``lock_node``'s
+        ``judge_cached_lock``); unless the watch shows it released first, the bind is resumed after
+        ``RECHECK_S`` to read the node itself, so a stale or stalled watch delays it by that at most. A
+        watch that showed the lock change hands meanwhile is alive: the bind waits on, and is rechecked
+        ``RECHECK_S`` after the last change it saw (a queue of binds behind one node costs no reads).
         False when full (nothing parked: the caller answers the contention error)."""
         with self._cond:
             if self._stop or self._count >= self.max_waiters:
@@ -127,7 +135,10 @@ class NodeLockWaiter:
                 retry = min(RETRY_FIRST_S * 2 ** (attempt - 1), RETRY_MAX_S)
                 if now + retry < final:
                     wake_at, is_final = now + retry, False
-            w = _Waiter(wake_at, next(self._seq), node, resume, final=is_final)
+            elif recheck and now + RECHECK_S < final:
+                wake_at, is_final = now + RECHECK_S, False
+            w = _Waiter(wake_at, next(self._seq), node, resume, final=is_final, until=final,
+                        watching=current if recheck and not is_final else None)
             self._queues.setdefault(node, deque()).append(w)
             heapq.heappush(self._deadlines, w)
             self._count += 1
@@ -172,6 +183,14 @@ class NodeLockWaiter:
                 while self._deadlines and (self._deadlines[0].done or self._deadlines[0].deadline <= now):
                     w = heapq.heappop(self._deadlines)
                     if w.done:
+                        continue
+                    current = self.locks.value(w.node) if w.watching is not None and not w.final else None
+                    if current is not None and current != w.watching:
+                        # the watch showed the lock change hands: alive, no read needed; look again later
+                        w.watching = current
+                        w.deadline = min(now + RECHECK_S, w.until)
+                        w.final = w.deadline >= w.until
+                        heapq.heappush(self._deadlines, w)
                         continue
                     w.done = True
                     self._count -= 1
