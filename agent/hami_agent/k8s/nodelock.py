@@ -126,8 +126,7 @@ def _busy_in_copies(cached: dict, node_name: str, namespace: str, pod_name: str,
     if (not held.has_owner or held.owned_by(namespace, pod_name)
             or held.expired(now, timedelta(seconds=expiry_s))):
         return
-    seen = watched_pod(held.namespace, held.name)
-    if seen is None or pod_done_with(seen, node_name):
+    if not _watch_shows_needed(watched_pod, held, node_name):
         return
     raise NodeLockError(contention_message(node_name, expiry_s), node_name, f"{held.namespace}/{held.name}",
                         from_watch=True)
@@ -173,10 +172,15 @@ def _owner_stale(client: KubeClient, held: NodeLockValue, node_name: str,
                  watched_pod: WatchedPod | None) -> str:
     """:func:`owner_done`, asked of the API only when the watch's copy does not already show the owner
     still needing the lock."""
-    seen = watched_pod(held.namespace, held.name) if watched_pod is not None else None
-    if seen is not None and not pod_done_with(seen, node_name):
+    if _watch_shows_needed(watched_pod, held, node_name):
         return ""
     return owner_done(client, held.namespace, held.name, node_name)
+
+
+def _watch_shows_needed(watched_pod: WatchedPod | None, held: NodeLockValue, node_name: str) -> bool:
+    """The pod watch's copy of the lock's owner says it still needs the lock (no copy: not known)."""
+    seen = watched_pod(held.namespace, held.name) if watched_pod is not None else None
+    return seen is not None and not pod_done_with(seen, node_name)
 
 
 def _patch_lock(client: KubeClient, node_name: str, namespace: str, pod_name: str, rv: str,  # noqa: PLR0917
