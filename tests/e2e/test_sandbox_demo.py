@@ -112,6 +112,9 @@ SANDBOX_RARE = {
         ("get", "", "namespaces"): "the simulated API server calls no admission webhook",
         ("list", "", "resourcequotas"): "the simulated API server calls no admission webhook",
         ("patch", "", "events"): "only a repeated identical event is patched",
+        ("get", "", "nodes"): "binds lock the node from the node watch's copy; a GET only after a 409 from a "
+                              "stale copy, a stalled watch or an owner the watches cannot judge "
+                              "(k8s/nodelock.py lock_node)",
     },
     "plugin": {("get", "", "pods"): "Allocate's API fallback when the pod informer lags",
                ("get", "", "nodes"): "the node comes from the plugin's node watch; a GET only when the watch "
