@@ -36,3 +36,30 @@ def test_the_agents_nvml_workers_count_against_the_budget():
     """The workers are the agents' own processes: an idle node pays for them too."""
     row = _row(figures(_result(0.05, 0.02, (0.02, 0.02))), FIGURE)
     assert row[1] == "1.10 ms/s (agents 0.70, their NVML workers 0.40; never scraped)" and row[3] is False
+
+
+WAKEUPS = "api-load: idle wakeups per node, device plugin + monitor + their NVML workers"
+
+
+def test_wakeups_per_node_add_the_agents_and_their_workers_and_give_the_cpu_per_wakeup():
+    r = _result(0.05, 0.02, (0.02, 0.02))  # 1.10 ms/s in all
+    r["idle_agents"]["device-plugin"] |= {"wakeups_per_s": 4.0, "worker_wakeups_per_s": 1.5}
+    r["idle_agents"]["monitor"] |= {"wakeups_per_s": 0.5, "worker_wakeups_per_s": 5.0}
+    row = _row(figures(r), WAKEUPS)
+    assert row[1] == "11.0 /s (0.100 ms of CPU per wakeup on this machine)" and row[3] is True
+
+
+def test_a_result_without_wakeup_counts_has_no_wakeup_row():
+    assert not [r for r in figures(_result(0.05, 0.02)) if r[0] == WAKEUPS]
+
+
+def test_process_wakeups_counts_a_live_process_and_grows_when_it_sleeps():
+    import os
+    import time
+
+    from benchmarks.procstat import process_wakeups
+
+    before = process_wakeups(os.getpid())
+    for _ in range(3):
+        time.sleep(0.001)  # each sleep blocks the thread: a voluntary switch
+    assert process_wakeups(os.getpid()) >= before + 3
