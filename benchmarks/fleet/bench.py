@@ -575,7 +575,7 @@ class Bench:
         idle_s: float = 10.0,
         prime: bool = False,
     ) -> dict[str, Any]:
-        from benchmarks.fleet.hosts import cgroup_cpu_s, cgroup_memory_bytes
+        from benchmarks.fleet.hosts import cgroup_cpu_s, cgroup_memory_bytes, cgroup_wakeups
 
         names = [inv.host_name(i) for i in indices]
         invdir = self.inventory_dir(tag, indices, connection)
@@ -584,11 +584,14 @@ class Bench:
             say(f"{tag}: priming run")
             self.ansible(playbook, invdir, f"{tag}-prime", env=env)
         time.sleep(2.0)
-        c0, t0 = cgroup_cpu_s(), time.monotonic()
+        c0, w0, t0 = cgroup_cpu_s(), cgroup_wakeups(), time.monotonic()
         time.sleep(idle_s)
-        idle_rate = ((cgroup_cpu_s() or 0.0) - (c0 or 0.0)) / (time.monotonic() - t0)
+        idle_s_taken = time.monotonic() - t0
+        idle_rate = ((cgroup_cpu_s() or 0.0) - (c0 or 0.0)) / idle_s_taken
+        idle_wakeups = (cgroup_wakeups() - w0) / idle_s_taken  # the agents' own figure, not the machine's
         cpu0, sys0, own0 = cgroup_cpu_s(), _system_cpu(), self.helpers_cpu()
-        say(f"{tag}: ansible-playbook site.yml over {len(names)} hosts (agents idle {idle_rate:.3f} CPU)")
+        say(f"{tag}: ansible-playbook site.yml over {len(names)} hosts (agents idle {idle_rate:.3f} CPU, "
+            f"{idle_wakeups:.0f} wakeups/s)")
         r = self.ansible(playbook, invdir, tag, env=env, sliced=bool(self.args.slices))
         host_cpu = (cgroup_cpu_s() or 0.0) - (cpu0 or 0.0)
         system_cpu = _system_cpu() - sys0
@@ -628,6 +631,7 @@ class Bench:
             "foreign_cpu_s": foreign,
             "foreign_share": foreign / system_cpu if system_cpu > 0 else 0.0,
             "agents_idle_cpu": idle_rate,
+            "agents_idle_wakeups_per_s": idle_wakeups,
             "plan_api": model.api_by_verb(plan_a, plan_b),
             "plan_api_agents": model.api_by_verb(plan_a, plan_b, agents=True),
             "run_api": model.api_by_verb(

@@ -322,6 +322,28 @@ def cgroup_cpu_s(parent: str = CGROUP_PARENT) -> float | None:
         return None
 
 
+def cgroup_wakeups(parent: str = CGROUP_PARENT, root: Path = CGROUP_ROOT) -> int:
+    """Voluntary context switches so far of every thread in the fleet's containers (cgroup v1 ``tasks``
+    files under the parent): the hosts' own wakeups, which unlike their CPU do not depend on what the
+    machine charges per wakeup (docs/performance.md). Threads that ended are not counted."""
+    total = 0
+    for tasks in (root / "cpuacct" / parent.lstrip("/")).rglob("tasks"):
+        try:
+            tids = tasks.read_text().split()
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{tid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+                            break
+            except (OSError, ValueError):
+                continue
+    return total
+
+
 def cgroup_memory_bytes(parent: str = CGROUP_PARENT) -> dict[str, int]:
     """rss / cache / total of the fleet's containers (cgroup v1 memory.stat, hierarchical totals)."""
     p = CGROUP_ROOT / "memory" / parent.lstrip("/") / "memory.stat"

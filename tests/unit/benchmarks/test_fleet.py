@@ -612,3 +612,20 @@ def test_a_size_run_beside_other_work_is_flagged() -> None:
     assert check(row(25, 0.01), row(100, 0.02)) == ("1.0 % / 2.0 %", True)
     assert check(row(25, 0.10), row(100, 0.02)) == ("10.0 % / 2.0 %", False)  # 25 hosts beside tests
     assert check(row(25, None), row(100, None))[1] is True  # results from before the figure existed
+
+
+def test_cgroup_wakeups_add_up_every_thread_listed_under_the_parent(tmp_path: Path) -> None:
+    """The hosts' wakeups come from the tasks files of every cgroup below the fleet's parent."""
+    import os
+    import time
+
+    from benchmarks.fleet.hosts import cgroup_wakeups
+
+    me = tmp_path / "cpuacct" / "hami_fleet" / "libpod-x"
+    me.mkdir(parents=True)
+    (me / "tasks").write_text(f"{os.getpid()}\n")
+    (tmp_path / "cpuacct" / "hami_fleet" / "tasks").write_text("999999999\n")  # gone: not counted
+    before = cgroup_wakeups("/hami_fleet", root=tmp_path)
+    time.sleep(0.001)
+    assert cgroup_wakeups("/hami_fleet", root=tmp_path) > before > 0
+    assert cgroup_wakeups("/elsewhere", root=tmp_path) == 0
