@@ -22,6 +22,7 @@ import pytest
 
 from sandbox import config, identities
 from sandbox.cluster import port_free
+from tests.sim.rbac_rare import RARE_PATHS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]
 
@@ -104,21 +105,17 @@ def test_sandbox_demo_passes_every_check(tmp_path: Path, run_dir: Path) -> None:
 
 # Grants the demo does not reach, with the reason (tests/integration/security/test_rbac_used.py exercises
 # each of them); anything else granted must be used.
-SANDBOX_RARE = {
+SANDBOX_RARE = {  # the product's rare paths (tests/sim/rbac_rare.py) and the sandbox's own
     "scheduler": {
+        **RARE_PATHS["scheduler"],
         ("get", "coordination.k8s.io", "leases"): "hami_scheduler_leader_elect is false in the sandbox",
         ("create", "coordination.k8s.io", "leases"): "hami_scheduler_leader_elect is false in the sandbox",
         ("update", "coordination.k8s.io", "leases"): "hami_scheduler_leader_elect is false in the sandbox",
         ("get", "", "namespaces"): "the simulated API server calls no admission webhook",
         ("list", "", "resourcequotas"): "the simulated API server calls no admission webhook",
         ("patch", "", "events"): "only a repeated identical event is patched",
-        ("get", "", "nodes"): "binds lock the node from the node watch's copy; a GET only after a 409 from a "
-                              "stale copy, a stalled watch or an owner the watches cannot judge "
-                              "(k8s/nodelock.py lock_node)",
     },
-    "plugin": {("get", "", "pods"): "Allocate's API fallback when the pod informer lags",
-               ("get", "", "nodes"): "the node comes from the plugin's node watch; a GET only when the watch "
-                                     "lags (deviceplugin/owner.py find_lock_owner, node_register.py)"},
+    "plugin": dict(RARE_PATHS["plugin"]),
 }
 
 

@@ -31,6 +31,7 @@ from tests.integration.security.conftest import NODES, OPERATORS, SA_NS, TENANT_
 from tests.sim.apiserver_rbac import granted_pairs, used_pairs
 from tests.sim.kube_scheduler import KubeSchedulerSim
 from tests.sim.kubelet import SimulatedKubelet
+from tests.sim.rbac_rare import RARE_PATHS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -40,26 +41,11 @@ PODS = f"/api/v1/namespaces/{TENANT_NS}/pods"
 SCHED_USER = f"system:serviceaccount:{SA_NS}:hami-scheduler"
 PLUGIN_USER = f"system:serviceaccount:{SA_NS}:hami-device-plugin-{NODE}"
 
-# Grants a short test cannot reach, each with the code path that needs it. Nothing else may be unused.
+# Grants a short test cannot reach, each with the code path that needs it (tests/sim/rbac_rare.py, shared
+# with the demo's check). Nothing else may be unused.
 RARE: dict[str, dict[tuple[str, str, str], str]] = {
-    SCHED_USER: {
-        # the node lock's first attempt patches against the extender's node watch copy (conditional on its
-        # resourceVersion); the node is read afresh only when that copy was stale (409) or showed a lock
-        ("get", "", "nodes"): "k8s/nodelock.py lock_node (stale watch copy or a lock to judge)",
-        # pods come from the pending-pod informer; a GET only when it has not shown the pod (or the
-        # decision's write) yet (scheduler/state/podstate.py PodStates.get), or to read back a lost answer
-        ("get", "", "pods"): "scheduler/state/podstate.py PodStates.get (watch lag), binder.py read-backs",
-    },
-    PLUGIN_USER: {
-        # K8sPodSource.fetch_pod: Allocate reads the pending pod from the API only when the pod informer
-        # has not seen it yet (a just-bound pod racing the watch); the informer is normally first.
-        ("get", "", "pods"): "deviceplugin/podsource.py K8sPodSource.fetch_pod (informer lag)",
-        # the node is read from the plugin's node watch; a GET only when the watch has not shown the lock
-        # yet (deviceplugin/owner.py find_lock_owner) or has not synced
-        # (node_register.py NodeRegistrar._read_node)
-        ("get", "", "nodes"): "deviceplugin/owner.py find_lock_owner, node_register.py _read_node "
-                              "(watch lag)",
-    },
+    SCHED_USER: dict(RARE_PATHS["scheduler"]),
+    PLUGIN_USER: dict(RARE_PATHS["plugin"]),
     OPERATORS: {},
 }
 
