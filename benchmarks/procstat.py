@@ -22,20 +22,22 @@ def process_cpu_or_zero(pid: int) -> float:
         return 0.0
 
 
+def thread_wakeups(tid: int | str) -> int:
+    """Voluntary context switches of one thread (``/proc/<tid>/status`` answers for any thread id): each is
+    the thread blocking (a sleep, a poll, a lock) and so waking once more. 0 for a thread that has ended."""
+    try:
+        with open(f"/proc/{tid}/status") as fh:
+            for line in fh:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def process_wakeups(pid: int) -> int:
-    """Voluntary context switches of a live process, its threads added up: each is a thread that blocked
-    (a sleep, a poll, a lock) and so woke once more. Unlike CPU time, this count is the code's own: an idle
-    process's CPU is mostly what the machine charges per wakeup, which differs several-fold between machines
-    and, on a shared VM, between runs minutes apart (docs/performance.md). Raises OSError when the process is
-    gone."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                for line in fh:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-                        break
-        except FileNotFoundError:  # a thread that ended between the listing and the read
-            continue
-    return total
+    """Wakeups of a live process, its threads added up (:func:`thread_wakeups`). Unlike CPU time, this count
+    is the code's own: an idle process's CPU is mostly what the machine charges per wakeup, which differs
+    several-fold between machines and, on a shared VM, between runs minutes apart (docs/performance.md).
+    Raises OSError when the process is gone."""
+    return sum(thread_wakeups(tid) for tid in os.listdir(f"/proc/{pid}/task"))

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.fleet import inventory as inv
+from benchmarks.procstat import thread_wakeups
 from sandbox import podman
 from sandbox.cluster import http_ok
 from sandbox.config import APT_REPO, GPUSIM_DIR, IMAGE
@@ -324,23 +325,16 @@ def cgroup_cpu_s(parent: str = CGROUP_PARENT) -> float | None:
 
 def cgroup_wakeups(parent: str = CGROUP_PARENT, root: Path = CGROUP_ROOT) -> int:
     """Voluntary context switches so far of every thread in the fleet's containers (cgroup v1 ``tasks``
-    files under the parent): the hosts' own wakeups, which unlike their CPU do not depend on what the
-    machine charges per wakeup (docs/performance.md). Threads that ended are not counted."""
+    files under the parent, each thread read by :func:`benchmarks.procstat.thread_wakeups`): the hosts' own
+    wakeups, which unlike their CPU do not depend on what the machine charges per wakeup
+    (docs/performance.md). Threads that ended are not counted."""
     total = 0
     for tasks in (root / "cpuacct" / parent.lstrip("/")).rglob("tasks"):
         try:
             tids = tasks.read_text().split()
         except OSError:
             continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{tid}/status") as fh:
-                    for line in fh:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            total += int(line.split()[1])
-                            break
-            except (OSError, ValueError):
-                continue
+        total += sum(thread_wakeups(tid) for tid in tids)
     return total
 
 
