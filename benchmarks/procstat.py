@@ -14,6 +14,14 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_start_and_cpu_s(pid: int | str) -> tuple[int, float]:
+    """(start time in clock ticks after boot, utime + stime in seconds) of a live process: the start time
+    tells a process from a later one that reuses its pid. Raises OSError when the process is gone."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu_or_zero(pid: int) -> float:
     """``process_cpu_s``, 0 for a process that is gone (a helper that exited counts nothing more)."""
     try:

@@ -575,7 +575,13 @@ class Bench:
         idle_s: float = 10.0,
         prime: bool = False,
     ) -> dict[str, Any]:
-        from benchmarks.fleet.hosts import cgroup_cpu_s, cgroup_memory_bytes, cgroup_wakeups
+        from benchmarks.fleet.hosts import (
+            cgroup_cpu_s,
+            cgroup_memory_bytes,
+            cgroup_processes_cpu,
+            cgroup_wakeups,
+            daemons_cpu_s,
+        )
 
         names = [inv.host_name(i) for i in indices]
         invdir = self.inventory_dir(tag, indices, connection)
@@ -590,10 +596,12 @@ class Bench:
         idle_rate = ((cgroup_cpu_s() or 0.0) - (c0 or 0.0)) / idle_s_taken
         idle_wakeups = (cgroup_wakeups() - w0) / idle_s_taken  # the agents' own figure, not the machine's
         cpu0, sys0, own0 = cgroup_cpu_s(), _system_cpu(), self.helpers_cpu()
+        daemons0 = cgroup_processes_cpu()
         say(f"{tag}: ansible-playbook site.yml over {len(names)} hosts (agents idle {idle_rate:.3f} CPU, "
             f"{idle_wakeups:.0f} wakeups/s)")
         r = self.ansible(playbook, invdir, tag, env=env, sliced=bool(self.args.slices))
         host_cpu = (cgroup_cpu_s() or 0.0) - (cpu0 or 0.0)
+        daemons = daemons_cpu_s(daemons0, cgroup_processes_cpu())  # the agents & co. during the run
         system_cpu = _system_cpu() - sys0
         helpers = self.helpers_cpu() - own0
         doc = r.pop("account")
@@ -603,8 +611,8 @@ class Bench:
         failed = sum(s.get("failures", 0) + s.get("unreachable", 0) for s in stats.values())
         per_host = model.host_tasks(doc, names)
         tasks = sum(per_host.values())
-        cpu = model.cpu_split(doc, host_cpu, idle_rate * r["wall_s"], nested=connection == "fleet_nsenter")
-        background = max(0.0, host_cpu - cpu["host_s"])  # the agents' idle share of the hosts' cgroup
+        cpu = model.cpu_split(doc, host_cpu, daemons, nested=connection == "fleet_nsenter")
+        background = max(0.0, host_cpu - cpu["host_s"])  # the daemons' share of the hosts' cgroup
         foreign = model.foreign_cpu_s(system_cpu, cpu, background, helpers)
         plan_a, plan_b = model.play_window(doc, model.plan_play(doc))
         runs = model.module_runs(doc, names)
@@ -631,6 +639,7 @@ class Bench:
             "foreign_cpu_s": foreign,
             "foreign_share": foreign / system_cpu if system_cpu > 0 else 0.0,
             "agents_idle_cpu": idle_rate,
+            "agents_run_cpu": daemons / max(1e-9, r["wall_s"]),  # cores, measured over the run itself
             "agents_idle_wakeups_per_s": idle_wakeups,
             "plan_api": model.api_by_verb(plan_a, plan_b),
             "plan_api_agents": model.api_by_verb(plan_a, plan_b, agents=True),
@@ -661,7 +670,7 @@ class Bench:
             f"controller {cpu['controller_s']:.1f} CPU-s (main {cpu['main_s']:.1f}: work "
             f"{cpu['main_work_s']:.1f}, spin {cpu['main_spin_s']:.1f}, poll {cpu['main_poll_s']:.1f}; "
             f"workers {cpu['workers_s']:.1f}), hosts "
-            f"{cpu['host_s']:.1f} CPU-s"
+            f"{cpu['host_s']:.1f} CPU-s, the hosts' daemons {daemons:.1f} CPU-s"
         )
         for p in row["processes"]:
             say(
@@ -871,7 +880,8 @@ def report(results: dict[str, Any], forks: int, cores: int, rtt_s: float) -> Non
         print("\nConverged site.yml over SIMULATED light hosts (fleet_nsenter connection)")
         print(
             "CPU seconds over the run: main = the controller's main process (work + spin + poll), workers = "
-            "its forked workers, hosts = the modules on the hosts (cgroup, less the agents' idle CPU)"
+            "its forked workers, hosts = the modules on the hosts (cgroup, less what the processes alive "
+            "before and after the run used: the agents, systemd, journald)"
         )
         print(
             f"{'hosts':>5} {'forks':>5} {'rc':>3} {'wall s':>7} {'tasks/h':>7} {'mods/h':>6} {'s/h-task':>8} "
@@ -894,6 +904,13 @@ def report(results: dict[str, Any], forks: int, cores: int, rtt_s: float) -> Non
                     f"  {r['hosts']} hosts in {r['slices']} slice(s), process {p['process']}: {p['hosts']} "
                     f"hosts, main work {p['main_work_per_host_task_s'] * 1e3:.1f} ms per host-task, wall "
                     f"{p['wall_s']:.0f}s"
+                )
+        for r in sizes:  # the hosts' daemons share the controller's cores here, not on a fleet
+            if "agents_run_cpu" in r:
+                print(
+                    f"  {r['hosts']} hosts: the hosts' daemons took {r['agents_run_cpu']:.3f} cores during "
+                    f"the run ({r['agents_idle_cpu']:.3f} in the idle window before it, "
+                    f"{r.get('agents_idle_wakeups_per_s', 0):.0f} wakeups/s)"
                 )
         big = max(sizes, key=lambda r: r["hosts"])
         print(f"\nWhere a converged run's host-seconds go ({big['hosts']} hosts), by role:")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.fleet import inventory as inv
-from benchmarks.procstat import thread_wakeups
+from benchmarks.procstat import process_start_and_cpu_s, thread_wakeups
 from sandbox import podman
 from sandbox.cluster import http_ok
 from sandbox.config import APT_REPO, GPUSIM_DIR, IMAGE
@@ -369,3 +369,31 @@ __all__ = [
     "copy_dir",
     "input_key",
 ]
+
+
+def cgroup_processes_cpu(
+    parent: str = CGROUP_PARENT, root: Path = CGROUP_ROOT
+) -> dict[tuple[int, int], float]:
+    """(pid, start time) -> CPU seconds so far of every live process in the fleet's containers (cgroup v1
+    ``cgroup.procs`` files under the parent). Two snapshots around a run tell the hosts' daemons (the agents,
+    systemd, journald: alive at both) from the run's modules (started and ended between them), which share
+    one cgroup per container: systemd inside a container does not get a cpuacct hierarchy of its own."""
+    out: dict[tuple[int, int], float] = {}
+    for procs in (root / "cpuacct" / parent.lstrip("/")).rglob("cgroup.procs"):
+        try:
+            pids = procs.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                start, cpu = process_start_and_cpu_s(pid)
+            except (OSError, ValueError, IndexError):
+                continue  # ended since the list was read
+            out[(int(pid), start)] = cpu
+    return out
+
+
+def daemons_cpu_s(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float]) -> float:
+    """CPU seconds the processes alive at both snapshots (:func:`cgroup_processes_cpu`) used between them:
+    the hosts' background during a run, measured instead of extrapolated from an idle window before it."""
+    return sum(max(0.0, after[k] - before[k]) for k in after.keys() & before.keys())

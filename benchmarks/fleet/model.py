@@ -12,7 +12,8 @@ The projection (``project``) separates what the controller pays from what runs o
   executor, templating, the module's packaging, the connection's client), parallel over the forks and
   the controller's cores; fitted the same way;
 - ``h``: the **host** CPU per host-task (the module running on the node, from the containers' cgroup
-  minus the agents' idle CPU), which on a real fleet runs on each node's own CPU, in parallel;
+  minus what the hosts' daemons -- the agents, systemd, journald -- used during the run), which on a
+  real fleet runs on each node's own CPU, in parallel;
 - ``r``: the connection's round trip per host-task on a real network (assumed; ssh with ControlPersist).
 
 For N nodes, F forks and a controller with K cores::
@@ -121,7 +122,7 @@ FOREIGN_MAX_SHARE = 0.05  # other processes' share of the machine's CPU beyond w
 
 def foreign_cpu_s(system_s: float, cpu: dict[str, float], background_s: float, helpers_s: float) -> float:
     """CPU seconds the machine spent during a run on anything but the run: the machine's busy time less
-    the controller (main process and workers), the hosts' modules, the hosts' idle agents
+    the controller (main process and workers), the hosts' modules, the hosts' daemons
     (``background_s``) and the benchmark's own processes (``helpers_s``: this process, the simulated API
     server and kubelets). Another job beside the benchmark slows one size and not the others, which bends
     the growth either way (2026-11-28: a 25-host step slowed by a test run made 4.67× read as 4.31×)."""
@@ -311,8 +312,10 @@ def cpu_split(
 
     The callback reads the main process's own CPU and its reaped children's. With ``nested`` (the
     fleet_nsenter connection) the children include the modules run on the hosts (nsenter waits for them),
-    which the containers' cgroup charges to the hosts: ``workers = children - (host cgroup - agents' idle
-    CPU)``. Without (``podman exec``: conmon and runc start the module, not the controller) the children are
+    which the containers' cgroup charges to the hosts: ``workers = children - (host cgroup - background)``,
+    the background being what the hosts' daemons used during the run (``hosts.daemons_cpu_s``: measured, not
+    an idle window's rate times the wall, which on this machine varied several-fold within an hour).
+    Without (``podman exec``: conmon and runc start the module, not the controller) the children are
     the workers alone, and the hosts' cgroup also holds conmon's and runc's share of each exec."""
     end = doc.get("end", {})
     main, children = float(end.get("self_s", 0.0)), float(end.get("children_s", 0.0))

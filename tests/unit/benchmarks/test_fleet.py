@@ -629,3 +629,33 @@ def test_cgroup_wakeups_add_up_every_thread_listed_under_the_parent(tmp_path: Pa
     time.sleep(0.001)
     assert cgroup_wakeups("/hami_fleet", root=tmp_path) > before > 0
     assert cgroup_wakeups("/elsewhere", root=tmp_path) == 0
+
+
+def test_daemons_cpu_counts_only_processes_alive_at_both_snapshots(tmp_path: Path) -> None:
+    """The hosts' background during a run is what the processes alive before and after it used; a module
+    that ran between the snapshots, one that ended, and a pid reused by a newer process are not in it."""
+    import os
+
+    from benchmarks.fleet.hosts import cgroup_processes_cpu, daemons_cpu_s
+
+    me = tmp_path / "cpuacct" / "hami_fleet" / "libpod-x"
+    me.mkdir(parents=True)
+    (me / "cgroup.procs").write_text(f"{os.getpid()}\n999999999\n")  # the second one is gone
+    snap = cgroup_processes_cpu("/hami_fleet", root=tmp_path)
+    assert [pid for pid, _ in snap] == [os.getpid()]
+    before = {(1, 100): 5.0, (2, 200): 1.0, (3, 300): 2.0}
+    after = {(1, 100): 7.5, (2, 999): 9.0, (4, 400): 3.0}  # 2 reused by a newer process, 3 ended, 4 new
+    assert daemons_cpu_s(before, after) == 2.5
+
+
+def test_process_start_and_cpu_of_a_live_and_a_gone_process() -> None:
+    import os
+
+    import pytest
+
+    from benchmarks.procstat import process_start_and_cpu_s
+
+    start, cpu = process_start_and_cpu_s(os.getpid())
+    assert start > 0 and cpu > 0
+    with pytest.raises(OSError):
+        process_start_and_cpu_s(999999999)
