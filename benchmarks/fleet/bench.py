@@ -792,6 +792,17 @@ def figures(results: dict[str, Any], *, forks: int, cores: int, rtt_s: float) ->
             model.linear_or_better(pts),
         )
     )
+    # what a real fleet's controller pays: the wall above also carries the simulated hosts, which share its
+    # cores here (their modules and daemons), a fleet's do not
+    ctl = [(r["hosts"], r["cpu"]["controller_s"]) for r in sizes]
+    rows.append(
+        (
+            f"controller CPU (main process + workers) {' -> '.join(str(r['hosts']) for r in sizes)} hosts",
+            ", ".join(f"{r:.2f}x for {h:.0f}x hosts" for _, _, r, h in model.growth(ctl)) or "-",
+            "linear or better",
+            model.linear_or_better(ctl),
+        )
+    )
     shares = " / ".join(f"{r.get('foreign_share', 0.0) * 100:.1f} %" for r in sizes)
     rows.append(
         (

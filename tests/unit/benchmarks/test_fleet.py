@@ -323,7 +323,7 @@ def test_command_line_without_podman(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_figures_from_a_run() -> None:
-    def row(n: int, wall: float, gets: int) -> dict:
+    def row(n: int, wall: float, gets: int, ctl_ms: float = 42.0) -> dict:
         return {
             "hosts": n,
             "rc": 0,
@@ -334,7 +334,8 @@ def test_figures_from_a_run() -> None:
             "changed": 0,
             "failed": 0,
             "plan_api": {"get": gets},
-            "cpu": {"main_work_s": 0.002 * n * 100, "workers_s": 0.04 * n * 100, "host_s": 0.1 * n * 100},
+            "cpu": {"main_work_s": 0.002 * n * 100, "workers_s": 0.04 * n * 100, "host_s": 0.1 * n * 100,
+                    "controller_s": ctl_ms / 1000 * n * 100},
         }
 
     rows, proj = bench.figures(
@@ -342,6 +343,14 @@ def test_figures_from_a_run() -> None:
     )
     named = {name: (value, ok) for name, value, _, ok in rows}
     assert named["growth 25 -> 50 -> 100 hosts"][1] is True
+    assert named["controller CPU (main process + workers) 25 -> 50 -> 100 hosts"] == (
+        "2.00x for 2x hosts, 2.00x for 2x hosts", True)
+    # the controller's own cost per host-task growing 20 % from 25 to 100 hosts is not linear
+    grown, _ = bench.figures(
+        {"sizes": [row(25, 100, 25), row(100, 400, 100, ctl_ms=42.0 * 1.2)]}, forks=50, cores=8, rtt_s=0.01
+    )
+    ctl = [r for r in grown if r[0].startswith("controller CPU (main")][0]
+    assert ctl[1] == "4.80x for 4x hosts" and ctl[3] is False
     plan = [v for k, v in named.items() if k.startswith("plan play API")][0]
     assert plan == ("get 1.00", False)  # one GET per node is not O(1)
     assert proj["projection"]["nodes"] == 1000
@@ -600,7 +609,8 @@ def test_a_size_run_beside_other_work_is_flagged() -> None:
     def row(n: int, share: float | None) -> dict:
         r = {"hosts": n, "rc": 0, "wall_s": 4.0 * n, "s_per_host_task": 0.04, "tasks_per_host": 100.0,
              "host_tasks": n * 100, "changed": 0, "failed": 0, "plan_api": {},
-             "cpu": {"main_work_s": 0.2 * n, "workers_s": 4.0 * n, "host_s": 10.0 * n}}
+             "cpu": {"main_work_s": 0.2 * n, "workers_s": 4.0 * n, "host_s": 10.0 * n,
+                     "controller_s": 4.2 * n}}
         if share is not None:
             r["foreign_share"] = share
         return r
