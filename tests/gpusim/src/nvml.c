@@ -1072,7 +1072,8 @@ static double now_s(void)
 }
 
 /* An inotify instance watching the state file's directory (every writer replaces the file by rename), or
- * -1 when inotify cannot be had. Caller holds the lock. */
+ * -1 when inotify cannot be had. The directory's own removal or rename is watched too, so a wait re-arms
+ * on a directory replaced under it. Needs no lock. */
 static int watch_state_dir(void)
 {
     char dir[4200];
@@ -1085,7 +1086,8 @@ static int watch_state_dir(void)
     else
         *slash = '\0';
     int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (fd >= 0 && inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MODIFY) < 0) {
+    uint32_t mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MODIFY | IN_DELETE_SELF | IN_MOVE_SELF;
+    if (fd >= 0 && inotify_add_watch(fd, dir, mask) < 0) {
         close(fd);
         fd = -1;
     }
@@ -1095,27 +1097,36 @@ static int watch_state_dir(void)
 /* The real driver sleeps in the kernel until it has an event; so does this wait, until the state file's
  * directory changes (an XID or a lost GPU written by the tools), instead of re-reading the file every
  * 20 ms, which cost an idle agent's NVML worker 2-3 ms of CPU a second. The watch is set up before the
- * first look, so no write between the look and the sleep is missed; a re-read every second stays as the
- * safety net (a directory replaced under us; GPUSIM_EVENT_FALLBACK_MS changes it), and without inotify
- * the wait polls every 20 ms as before. */
-/* Sleep up to ``left`` seconds for the state file's directory to change (``wfd``), or 20 ms without a watch. */
-static void sleep_for_state_change(int wfd, double left)
+ * first look, so no write between the look and the sleep is missed. Until 2026-11-29 it also re-read the
+ * file every second as a safety net for a directory replaced under it; that case now wakes the wait and
+ * re-arms the watch, so an idle wait does not wake at all (GPUSIM_EVENT_FALLBACK_MS > 0 brings a periodic
+ * re-read back). Without inotify the wait polls every 20 ms. */
+/* Sleep up to ``left`` seconds for the state file's directory to change (``wfd``), or 20 ms without a watch.
+ * Returns 1 when the watched directory itself went away (the watch is dead: re-arm it). */
+static int sleep_for_state_change(int wfd, double left)
 {
     if (wfd < 0) {
         double step = left < 0.02 ? left : 0.02;
         struct timespec ts = {0, (long)(step * 1e9)};
         nanosleep(&ts, NULL);
-        return;
+        return 0;
     }
-    const char *fb = getenv("GPUSIM_EVENT_FALLBACK_MS"); /* tests: prove the watch alone wakes us */
-    double fallback = fb && atoi(fb) > 0 ? atoi(fb) / 1000.0 : 1.0;
-    double step = left < fallback ? left : fallback;
+    const char *fb = getenv("GPUSIM_EVENT_FALLBACK_MS");
+    double step = fb && atoi(fb) > 0 && atoi(fb) / 1000.0 < left ? atoi(fb) / 1000.0 : left;
     struct pollfd pfd = {wfd, POLLIN, 0};
+    int gone = 0;
     if (poll(&pfd, 1, (int)(step * 1000.0) + 1) > 0) {
-        char buf[4096];
-        while (read(wfd, buf, sizeof(buf)) > 0)
-            ;
+        char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+        ssize_t n;
+        while ((n = read(wfd, buf, sizeof(buf))) > 0) {
+            for (char *at = buf; at < buf + n;) {
+                const struct inotify_event *ev = (const struct inotify_event *)at;
+                gone |= (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED)) != 0;
+                at += sizeof(struct inotify_event) + ev->len;
+            }
+        }
     }
+    return gone;
 }
 
 NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
@@ -1145,7 +1156,10 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
         double left = deadline - now_s();
         if (left <= 0)
             break;
-        sleep_for_state_change(wfd, left);
+        if (sleep_for_state_change(wfd, left)) { /* re-armed before the re-read: no write is missed */
+            close(wfd);
+            wfd = watch_state_dir();
+        }
         pthread_mutex_lock(&lock);
         refresh_state();
     }

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.gpusim import gpusim_state as gs
-from tests.gpusim.fixtures import GpusimNode
+from tests.gpusim.fixtures import GpusimNode, make_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -304,9 +307,10 @@ def test_xid_events_in_seq_order_once_per_process(gpusim_node: GpusimNode) -> No
 
 
 def _xid_written_while_waiting(node: GpusimNode, gpu: int, xid: int, wait_ms: int,
-                               env: dict[str, str] | None = None, **xid_kw: object) -> list:
-    """A process registers GPU ``gpu`` and waits up to ``wait_ms``; the XID is written once it waits.
-    Returns what its wait answered: [uuid, xid]."""
+                               env: dict[str, str] | None = None,
+                               before: Callable[[], None] | None = None, **xid_kw: object) -> list:
+    """A process registers GPU ``gpu`` and waits up to ``wait_ms``; the XID is written once it waits (after
+    ``before``, if given). Returns what its wait answered: [uuid, xid]."""
     code = f"""
         n.nvmlInit()
         es = n.nvmlEventSetCreate()
@@ -321,6 +325,8 @@ def _xid_written_while_waiting(node: GpusimNode, gpu: int, xid: int, wait_ms: in
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.3)  # inside the wait, past its first look
+        if before is not None:
+            before()
         node.add_xid(gpu, xid, **xid_kw)
         out, _ = proc.communicate(timeout=15)
         return json.loads(out.strip())
@@ -335,8 +341,26 @@ def test_xid_added_while_waiting_is_delivered(gpusim_node: GpusimNode) -> None:
 
 def test_a_waiting_process_is_woken_by_the_state_write_not_by_polling(gpusim_node: GpusimNode) -> None:
     """The event wait sleeps until the state file's directory changes, as the real driver sleeps until it
-    has an event: with the safety-net re-read pushed to 60 s, only the watch can deliver the XID in time."""
-    got = _xid_written_while_waiting(gpusim_node, 2, 79, 30000, env={"GPUSIM_EVENT_FALLBACK_MS": "60000"})
+    has an event: it has no periodic re-read, so only the watch can deliver the XID before the 30 s wait
+    ends (the helper gives the process 15 s)."""
+    got = _xid_written_while_waiting(gpusim_node, 2, 79, 30000)
+    assert got == [SEED_GPUS[2], 79]
+
+
+def test_a_wait_re_arms_when_its_state_directory_is_replaced(gpusim_lib: Path, tmp_path: Path) -> None:
+    """A directory moved away and made anew under a waiting process (the watch on the old one is dead)
+    wakes the wait, which watches the new one: the XID written there is delivered, not slept through."""
+    d = tmp_path / "node"
+    d.mkdir()
+    node = make_node(d, "h20-mig-mixed", driver=gs.FIXED_DRIVER, lib_path=gpusim_lib)
+
+    def replace_directory() -> None:
+        d.rename(tmp_path / "node.old")
+        d.mkdir()
+        shutil.copy(tmp_path / "node.old" / node.state_path.name, node.state_path)
+        time.sleep(0.3)
+
+    got = _xid_written_while_waiting(node, 2, 79, 30000, before=replace_directory)
     assert got == [SEED_GPUS[2], 79]
 
 
