@@ -10,8 +10,10 @@ the hosts through ``connection_plugins/fleet_nsenter.py`` (the container's names
 collection's ``podman_pipelined`` is measured as a variant) and accounts every host-task, its controller CPU
 and the API requests of each play through ``callback_plugins/fleet_bench_account.py``.
 
-For each size: only that many hosts run (the others are paused: no CPU), the agents' idle CPU is measured
-first, then one converged ``ansible-playbook playbooks/site.yml`` (must report changed=0 everywhere).
+For each size: every created host keeps running (the biggest size's daemons are every size's background,
+so the growth between sizes is the run's own; ``--pause-others`` pauses the hosts outside the size, as
+before 2026-11-29), the hosts' idle CPU is measured first, then one converged ``ansible-playbook
+playbooks/site.yml`` over that many hosts (must report changed=0 everywhere).
 Figures: wall time, host-tasks per host, seconds per host-task, growth, controller CPU (main process /
 workers) vs host CPU per host-task, API requests per host in the plan play by verb, output lines per host,
 which roles and tasks cost most, and the projection of ``model.py``. Variants (``--variants``) measure
@@ -697,14 +699,14 @@ class Bench:
         self.results["gold"] = gold
         names = self.start_clones(gold, indices)
         for n in sizes:
-            self.only_running(names, names[:n])
+            self.only_running(names, names[:n] if args.pause_others else names)
             env = {"ANSIBLE_FORKS": str(args.forks)}
             tag = f"size-{n}" + (f"-slices{args.slices}" if args.slices else "")
             self.results["sizes"].append(self.measure(tag, indices[:n], env=env))
             self.save()
         for v in args.variants:
             n = args.variant_size
-            self.only_running(names, names[:n])
+            self.only_running(names, names[:n] if args.pause_others else names)  # as its baseline size ran
             env = variant_env(v, args.forks, self.run_dir)
             playbook = self.variant_playbook(v) if v in PLAYBOOK_VARIANTS else None
             row = self.measure(
@@ -1024,6 +1026,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=5400.0, help="seconds per ansible-playbook run")
     p.add_argument("--rebuild-gold", action="store_true", help="converge a new golden node even if cached")
     p.add_argument("--keep", action="store_true", help="leave the containers running at the end")
+    p.add_argument(
+        "--pause-others",
+        action="store_true",
+        help="pause the hosts outside each size during its run (as before 2026-11-29); by default every "
+        "host runs for every size, so the sizes share one background and the growth is the run's own",
+    )
     p.add_argument("--controller-cores", type=int, default=8, help="for the projection (default 8)")
     p.add_argument(
         "--rtt",

@@ -316,6 +316,8 @@ def test_command_line_without_podman(capsys: pytest.CaptureFixture[str]) -> None
     assert "--quick" in capsys.readouterr().out
     args = bench.parse_args(["--quick", "--forks", "7"])
     assert args.sizes == [3, 6] and args.variants == [] and args.forks == 7
+    assert args.pause_others is False  # every size runs beside every host: one background for all sizes
+    assert bench.parse_args(["--pause-others"]).pause_others is True
     every = bench.parse_args(["--variants", "all"]).variants
     assert every == [v for v in bench.VARIANTS if v != "free-quiet"]  # run_once on every host: when named
     with pytest.raises(SystemExit):
