@@ -9,16 +9,14 @@ import os
 def process_cpu_s(pid: int) -> float:
     """utime + stime of a live process in seconds: its threads included, its reaped children not.
     Raises OSError when the process is gone."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ")"
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_start_and_cpu_s(pid)[1]
 
 
 def process_start_and_cpu_s(pid: int | str) -> tuple[int, float]:
     """(start time in clock ticks after boot, utime + stime in seconds) of a live process: the start time
     tells a process from a later one that reuses its pid. Raises OSError when the process is gone."""
     with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
+        fields = fh.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and ")"
     return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

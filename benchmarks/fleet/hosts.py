@@ -358,19 +358,6 @@ def copy_dir(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True)
 
 
-__all__ = [
-    "Fleet",
-    "FleetError",
-    "GOLD_IMAGE",
-    "IMAGE",
-    "LABEL",
-    "cgroup_cpu_s",
-    "cgroup_memory_bytes",
-    "copy_dir",
-    "input_key",
-]
-
-
 def cgroup_processes_cpu(
     parent: str = CGROUP_PARENT, root: Path = CGROUP_ROOT
 ) -> dict[tuple[int, int], float]:
@@ -397,3 +384,20 @@ def daemons_cpu_s(before: dict[tuple[int, int], float], after: dict[tuple[int, i
     """CPU seconds the processes alive at both snapshots (:func:`cgroup_processes_cpu`) used between them:
     the hosts' background during a run, measured instead of extrapolated from an idle window before it."""
     return sum(max(0.0, after[k] - before[k]) for k in after.keys() & before.keys())
+
+
+__all__ = [
+    "Fleet",
+    "FleetError",
+    "GOLD_IMAGE",
+    "IMAGE",
+    "LABEL",
+    "cgroup_cpu_s",
+    "cgroup_memory_bytes",
+    "cgroup_processes_cpu",
+    "cgroup_wakeups",
+    "copy_dir",
+    "daemons_cpu_s",
+    "input_key",
+]
+
