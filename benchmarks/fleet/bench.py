@@ -774,6 +774,12 @@ def _system_cpu() -> float:
 
 
 # ---------------------------------------------------------------------------------------------- report
+def growth_row(name: str, points: list[tuple[int, float]]) -> tuple[str, str, str, bool]:
+    """A SUMMARY row judging a figure's growth between sizes against linear (``model.linear_or_better``)."""
+    value = ", ".join(f"{r:.2f}x for {h:.0f}x hosts" for _, _, r, h in model.growth(points)) or "-"
+    return (name, value, "linear or better", model.linear_or_better(points))
+
+
 def figures(results: dict[str, Any], *, forks: int, cores: int, rtt_s: float) -> tuple[list, dict]:
     """(SUMMARY rows, the projection) from the size runs."""
     rows: list[tuple[str, str, str, bool]] = []
@@ -781,30 +787,16 @@ def figures(results: dict[str, Any], *, forks: int, cores: int, rtt_s: float) ->
     if not sizes:
         return rows, {}
     pts = [(r["hosts"], r["wall_s"]) for r in sizes]
-    g = model.growth(pts)
     big = max(sizes, key=lambda r: r["hosts"])
     walls = " / ".join(f"{r['wall_s']:.0f} s" for r in sizes)
     ns = "/".join(str(r["hosts"]) for r in sizes)
+    steps = " -> ".join(str(r["hosts"]) for r in sizes)
     rows.append((f"converged site.yml wall at {ns} hosts", walls, "-", True))
-    rows.append(
-        (
-            f"growth {' -> '.join(str(r['hosts']) for r in sizes)} hosts",
-            ", ".join(f"{r:.2f}x for {h:.0f}x hosts" for _, _, r, h in g) or "-",
-            "linear or better",
-            model.linear_or_better(pts),
-        )
-    )
+    rows.append(growth_row(f"growth {steps} hosts", pts))
     # what a real fleet's controller pays: the wall above also carries the simulated hosts, which share its
     # cores here (their modules and daemons), a fleet's do not
     ctl = [(r["hosts"], r["cpu"]["controller_s"]) for r in sizes]
-    rows.append(
-        (
-            f"controller CPU (main process + workers) {' -> '.join(str(r['hosts']) for r in sizes)} hosts",
-            ", ".join(f"{r:.2f}x for {h:.0f}x hosts" for _, _, r, h in model.growth(ctl)) or "-",
-            "linear or better",
-            model.linear_or_better(ctl),
-        )
-    )
+    rows.append(growth_row(f"controller CPU (main process + workers) {steps} hosts", ctl))
     shares = " / ".join(f"{r.get('foreign_share', 0.0) * 100:.1f} %" for r in sizes)
     rows.append(
         (

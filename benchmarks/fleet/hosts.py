@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -328,14 +328,17 @@ def cgroup_wakeups(parent: str = CGROUP_PARENT, root: Path = CGROUP_ROOT) -> int
     files under the parent, each thread read by :func:`benchmarks.procstat.thread_wakeups`): the hosts' own
     wakeups, which unlike their CPU do not depend on what the machine charges per wakeup
     (docs/performance.md). Threads that ended are not counted."""
-    total = 0
-    for tasks in (root / "cpuacct" / parent.lstrip("/")).rglob("tasks"):
+    return sum(thread_wakeups(tid) for tid in _listed_ids(parent, root, "tasks"))
+
+
+def _listed_ids(parent: str, root: Path, listing: str) -> Iterator[str]:
+    """The ids in every cgroup v1 cpuacct ``listing`` file (``tasks``: threads, ``cgroup.procs``:
+    processes) under the parent; a cgroup removed while being read lists nothing."""
+    for path in (root / "cpuacct" / parent.lstrip("/")).rglob(listing):
         try:
-            tids = tasks.read_text().split()
+            yield from path.read_text().split()
         except OSError:
             continue
-        total += sum(thread_wakeups(tid) for tid in tids)
-    return total
 
 
 def cgroup_memory_bytes(parent: str = CGROUP_PARENT) -> dict[str, int]:
@@ -366,17 +369,12 @@ def cgroup_processes_cpu(
     systemd, journald: alive at both) from the run's modules (started and ended between them), which share
     one cgroup per container: systemd inside a container does not get a cpuacct hierarchy of its own."""
     out: dict[tuple[int, int], float] = {}
-    for procs in (root / "cpuacct" / parent.lstrip("/")).rglob("cgroup.procs"):
+    for pid in _listed_ids(parent, root, "cgroup.procs"):
         try:
-            pids = procs.read_text().split()
-        except OSError:
-            continue
-        for pid in pids:
-            try:
-                start, cpu = process_start_and_cpu_s(pid)
-            except (OSError, ValueError, IndexError):
-                continue  # ended since the list was read
-            out[(int(pid), start)] = cpu
+            start, cpu = process_start_and_cpu_s(pid)
+        except (OSError, ValueError, IndexError):
+            continue  # ended since the list was read
+        out[(int(pid), start)] = cpu
     return out
 
 
