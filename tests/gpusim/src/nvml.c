@@ -1112,7 +1112,8 @@ static int sleep_for_state_change(int wfd, double left)
         return 0;
     }
     const char *fb = getenv("GPUSIM_EVENT_FALLBACK_MS");
-    double step = fb && atoi(fb) > 0 && atoi(fb) / 1000.0 < left ? atoi(fb) / 1000.0 : left;
+    double fallback = fb && atoi(fb) > 0 ? atoi(fb) / 1000.0 : left; /* unset: no periodic re-read */
+    double step = fallback < left ? fallback : left;
     struct pollfd pfd = {wfd, POLLIN, 0};
     int gone = 0;
     if (poll(&pfd, 1, (int)(step * 1000.0) + 1) > 0) {
