@@ -141,7 +141,8 @@ class NodeHost:
     def start(self) -> NodeHost:
         for name in self.names:
             self._add_node(name)
-        self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0)
+        self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0,
+                              name="kubelet-sim-pods")
         self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p),
                                on_delete=self._on_pod_gone)
         self._pods.start()
@@ -351,7 +352,8 @@ class SimCluster:
             self.client.create("nodes", gpu_node(name, {"gpu": "on"}, {GPU: alloc}, {GPU: alloc}))
         self._start_nodes(names)
         # the benchmark's observers: pod stages and node lock holds
-        self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0)
+        self._pods = Informer(self.client, "pods", field_selector="spec.nodeName!=", resync_s=0,
+                              name="kubelet-sim-pods")
         self._pods.add_handler(on_add=self._on_pod, on_update=lambda _o, p: self._on_pod(p),
                                on_delete=self._on_pod_deleted)
         self._locks = Informer(self.client, "nodes", resync_s=0)

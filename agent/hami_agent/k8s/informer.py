@@ -70,10 +70,12 @@ class Informer:
 
     def __init__(self, client: KubeClient, kind: str = "pods", field_selector: str | None = None,
                  label_selector: str | None = None, resync_s: float = 300.0, *, namespace: str | None = None,
-                 watch_timeout_s: float = 300.0, backoff: Backoff | None = None) -> None:
+                 watch_timeout_s: float = 300.0, backoff: Backoff | None = None,
+                 name: str | None = None) -> None:
         kind_info(kind)  # validate early: a typo should fail at construction, not in a thread
         self._client = client
         self.kind = kind
+        self.name = name or kind  # its threads' names: informer-<name> (py-spy, per-thread CPU)
         self.namespace = namespace
         self.field_selector = field_selector
         self.label_selector = label_selector
@@ -114,7 +116,7 @@ class Informer:
         if self._threads:
             return self
         self._stop.clear()
-        name = f"informer-{self.kind}"
+        name = f"informer-{self.name}"
         self._threads = [threading.Thread(target=self._run, name=name, daemon=True)]
         if self.resync_s and self.resync_s > 0:
             self._threads.append(threading.Thread(target=self._resync_loop, name=name + "-resync",

@@ -192,6 +192,18 @@ def test_stop_interrupts_a_blocked_watch_promptly(api_server: ApiServer, kube: K
     assert not any(t.name.startswith("informer-pods") for t in threading.enumerate())
 
 
+def test_a_named_informer_names_its_threads(api_server: ApiServer, kube: KubeClient) -> None:
+    """Two informers of one kind (the extender's pending and allocated pods) are told apart in py-spy and
+    in per-thread CPU by their names."""
+    inf = Informer(kube, kind="pods", resync_s=60, name="pending-pods").start()
+    try:
+        assert inf.wait_synced(5)
+        names = {t.name for t in threading.enumerate()}
+        assert {"informer-pending-pods", "informer-pending-pods-resync"} <= names
+    finally:
+        inf.stop()
+
+
 def test_relist_lists_now_and_returns_after_the_handlers_saw_it(api_server: ApiServer, kube: KubeClient,
                                                                  informers: list) -> None:
     # A scheduler that just became leader relists before deciding: the list is a fresh read, handed to

@@ -80,8 +80,8 @@ class ClusterSync:
         self.pod_informer = Informer(self.client, kind="pods", label_selector=keys.VGPU_NODE)
         # pending pods of our scheduler: the pod state /filter and /bind trust (both field selectors are
         # supported by kube-apiserver for pods; kube-scheduler watches unassigned pods the same way)
-        self.pending_informer = Informer(self.client, kind="pods", resync_s=0, field_selector=(
-            f"spec.schedulerName={self.scheduler_name},spec.nodeName="))
+        self.pending_informer = Informer(self.client, kind="pods", resync_s=0, name="pending-pods",
+                                         field_selector=f"spec.schedulerName={self.scheduler_name},spec.nodeName=")
         self.node_informer.add_handler(on_add=self.on_node, on_update=lambda _o, n: self.on_node(n),
                                        on_delete=self.on_node_delete)
         self.pod_informer.add_handler(on_add=self.on_pod, on_update=lambda _o, p: self.on_pod(p),
