@@ -71,6 +71,37 @@ DEFAULT_WATCH_TIMEOUT_S = 1800  # the real server's --min-request-timeout
 # chunk is one flush of the response's 4 KiB bufio writer
 GO_CHUNKING_BUFFER = 2048
 GO_CHUNK_BYTES = 4096
+GO_CONN_BUFFER = 4096  # net/http's bufio.Writer on the connection (server.go: newBufioWriterSize(..., 4<<10))
+
+
+class GoConnWriter:
+    """What reaches the socket, write by write, when Go's ``net/http`` answers: everything goes through a
+    4 KiB ``bufio.Writer`` on the connection, which sends when it is full and at each flush, and writes a
+    large piece straight through when it holds nothing (Go's ``bufio.(*Writer).Write``). A 6 KB answer
+    then leaves in two sends (headers with the first 4 KiB, then the rest), as a client of kube-apiserver
+    reads it; a watch event over 4 KiB in two or three. Each send can wake the reader once."""
+
+    def __init__(self, send: Any, size: int = GO_CONN_BUFFER) -> None:
+        self._send = send
+        self._size = size
+        self._buf = bytearray()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while len(view) > self._size - len(self._buf):
+            if not self._buf:  # a large write into an empty buffer goes straight through
+                self._send(bytes(view))
+                return
+            room = self._size - len(self._buf)
+            self._buf += view[:room]
+            self.flush()
+            view = view[room:]
+        self._buf += view
+
+    def flush(self) -> None:
+        if self._buf:
+            data, self._buf = bytes(self._buf), bytearray()
+            self._send(data)
 
 
 @dataclass
@@ -223,6 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(payload).encode()
         self.acct_sent += len(data)
         chunked = len(data) > GO_CHUNKING_BUFFER
+        out = GoConnWriter(self.wfile.write)
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -232,22 +264,32 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
-            self.end_headers()
+            self._headers_buffer.append(b"\r\n")  # end_headers() would send them alone
+            out.write(b"".join(self._headers_buffer))
+            self._headers_buffer = []
             if not chunked:
-                self.wfile.write(data)
-                return
-            for i in range(0, len(data), GO_CHUNK_BYTES):
-                piece = data[i:i + GO_CHUNK_BYTES]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            self.wfile.write(b"0\r\n\r\n")
+                out.write(data)
+            else:
+                for i in range(0, len(data), GO_CHUNK_BYTES):
+                    piece = data[i:i + GO_CHUNK_BYTES]
+                    out.write(b"%x\r\n" % len(piece))
+                    out.write(piece)
+                    out.write(b"\r\n")
+                out.write(b"0\r\n\r\n")
+            out.flush()
         except OSError:
             self.close_connection = True
 
     def write_chunk(self, data: bytes) -> None:
+        """One watch event, flushed (kube-apiserver flushes after each), sent as Go's connection writer
+        sends it (``GoConnWriter``)."""
         if data:  # counted before the client can read it: a reader that got the event sees it counted
             self.server.api.accounting.add_bytes_out(*self.acct_who, "watch", len(data))
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
+        out = GoConnWriter(self.wfile.write)
+        out.write(b"%x\r\n" % len(data))
+        out.write(data)
+        out.write(b"\r\n")
+        out.flush()
 
 
 def _warning_headers(audit: AuditRecord | None) -> dict[str, str]:
