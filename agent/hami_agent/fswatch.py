@@ -109,15 +109,20 @@ class DirWatch:
 
     ``start()`` returns ``active``: True when inotify watches every directory (or, for one that does not
     exist yet, its nearest existing ancestor). The thread sleeps in ``poll()`` with no timeout: an idle
-    watch costs no wakeups at all.
+    watch costs no wakeups at all. ``relevant(name)``, when given, says which entries of the directories
+    matter: a batch of events that touched only others does not call ``on_change`` (the kubelet rewrites
+    its ``kubelet_internal_checkpoint`` in the device-plugin directory at every Allocate and pod removal,
+    kubernetes ``pkg/kubelet/cm/devicemanager/manager.go`` ``writeCheckpoint``). Events on the directory
+    itself, on an ancestor watched while a directory is missing, and a queue overflow always do.
     """
 
     stop_wait_s = 2.0  # how long stop() waits for the thread (it may be inside on_change)
 
     def __init__(self, directories: Iterable[str], on_change: Callable[[], None],
-                 name: str = "fswatch") -> None:
+                 name: str = "fswatch", relevant: Callable[[str], bool] | None = None) -> None:
         self.directories = sorted({os.path.abspath(d) for d in directories if d})
         self.on_change = on_change
+        self.relevant = relevant
         self.name = name
         self.active = False
         self.error = ""
@@ -212,7 +217,7 @@ class DirWatch:
             ready = {fd for fd, _ in poller.poll()}
             if self._stop_r in ready:
                 return
-            overflow_or_gone = self._drain()
+            overflow_or_gone, touched = self._drain()
             try:
                 self._rearm()  # a directory may have appeared (watch it) or gone (watch its parent)
             except OSError as exc:
@@ -223,22 +228,35 @@ class DirWatch:
                 return
             if overflow_or_gone:
                 logger.debug("inotify: queue overflow or a watched directory went away; re-armed")
-            self.on_change()
+            if overflow_or_gone or self._matters(touched):
+                self.on_change()
 
-    def _drain(self) -> bool:
-        """Read every queued event; True when the queue overflowed or a watch was dropped."""
+    def _matters(self, touched: list[tuple[int, str]]) -> bool:
+        """Whether a batch of (wd, entry name) events concerns the caller."""
+        if self.relevant is None:
+            return True
+        own = {wd for path, wd in self.watched.items() if path in self.directories}
+        return any(wd not in own or not name or self.relevant(name) for wd, name in touched)
+
+    def _drain(self) -> tuple[bool, list[tuple[int, str]]]:
+        """Read every queued event: (the queue overflowed or a watch was dropped, the (wd, name) of the
+        others)."""
         special = False
+        touched: list[tuple[int, str]] = []
         while True:
             try:
                 buf = os.read(self._fd, 64 * 1024)
             except BlockingIOError:
-                return special
+                return special, touched
             off = 0
             while off + EVENT.size <= len(buf):
-                _wd, mask, _cookie, length = EVENT.unpack_from(buf, off)
+                wd, mask, _cookie, length = EVENT.unpack_from(buf, off)
+                name = buf[off + EVENT.size:off + EVENT.size + length].split(b"\0", 1)[0]
                 off += EVENT.size + length
                 if mask & (IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
                     special = True
+                else:
+                    touched.append((wd, os.fsdecode(name)))
 
 
 class Wakeup:
@@ -281,9 +299,10 @@ class LoopWaker:
         if wake is not None:
             wake()
 
-    def start_watch(self, directories: Iterable[str]) -> None:
-        """Watch ``directories``; call it before the loop's first look, so no change in between is missed."""
-        self.watch = DirWatch(directories, self.wake, name=self._name)
+    def start_watch(self, directories: Iterable[str], relevant: Callable[[str], bool] | None = None) -> None:
+        """Watch ``directories`` (``relevant``: see ``DirWatch``); call it before the loop's first look, so
+        no change in between is missed."""
+        self.watch = DirWatch(directories, self.wake, name=self._name, relevant=relevant)
         self.watch.start()
 
     def stop_watch(self) -> None:

@@ -241,3 +241,45 @@ def test_loop_waker_wakes_the_flag_and_the_current_source(tmp_path):
     finally:
         waker.stop_watch()
     assert not waker.watching()
+
+
+def test_entries_that_do_not_matter_call_nothing_and_the_ones_that_do_still_do(tmp_path):
+    """The kubelet's checkpoint is rewritten (a temp file renamed over it) at every Allocate: with
+    ``relevant``, that wakes the watch's thread but not the caller; a socket still does."""
+    calls = Calls()
+    w = DirWatch([str(tmp_path)], calls, relevant=lambda name: name.endswith(".sock"))
+    assert w.start(), w.error
+    try:
+        for _ in range(3):
+            tmp = tmp_path / ".tmp-checkpoint-1"
+            tmp.write_text("{}")
+            os.replace(tmp, tmp_path / "kubelet_internal_checkpoint")
+        assert not calls.event.wait(0.5), "a checkpoint write called the caller"
+        s = bind_socket(str(tmp_path / "kubelet.sock"))
+        assert calls.wait(), "no wakeup for the socket"
+        s.close()
+        calls.event.clear()
+        (tmp_path / "sub").mkdir()  # an event naming another entry: not relevant either
+        os.rmdir(tmp_path / "sub")
+        assert not calls.event.wait(0.3)
+    finally:
+        w.stop()
+
+
+def test_without_relevant_every_entry_calls(tmp_path, watch_of):
+    _w, calls = watch_of(str(tmp_path))
+    (tmp_path / "kubelet_internal_checkpoint").write_text("{}")
+    assert calls.wait()
+
+
+def test_an_ancestor_watched_for_a_missing_directory_calls_whatever_the_name(tmp_path):
+    """While the MIG lock's directory is missing its ancestor is watched: the names there are path
+    components, not entries, so ``relevant`` does not filter them."""
+    calls = Calls()
+    w = DirWatch([str(tmp_path / "run" / "hami")], calls, relevant=lambda name: name == "mig-apply.lock")
+    assert w.start(), w.error
+    try:
+        (tmp_path / "run").mkdir()
+        assert calls.wait(), "the ancestor's event was filtered"
+    finally:
+        w.stop()

@@ -177,6 +177,13 @@ class DevicePluginManager:
             dirs.append(os.path.dirname(os.path.abspath(s.mig_apply_lock)))
         return dirs
 
+    def _watched_entry(self, name: str) -> bool:
+        """The entries of the watched directories the loop looks at: sockets (the kubelet's, ours) and the
+        MIG apply lock. Not the kubelet's checkpoint, rewritten at every Allocate and pod removal."""
+        s = self.settings
+        return (name.endswith(".sock") or name == os.path.basename(s.kubelet_socket)
+                or bool(s.mig_apply_lock) and name == os.path.basename(s.mig_apply_lock))
+
     def wait_registered(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -422,7 +429,7 @@ class DevicePluginManager:
     def run(self) -> int:
         try:
             # before the first look at the sockets and the lock, so no change between the two is missed
-            self._waker.start_watch(self._watch_dirs())
+            self._waker.start_watch(self._watch_dirs(), self._watched_entry)
             self._kubelet_ident = self._kubelet_socket_ident()
             gen = -1
             if not self._should_pause():  # a MIG reconfiguration in progress: do not even touch NVML
