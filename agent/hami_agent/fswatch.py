@@ -111,8 +111,9 @@ class DirWatch:
     exist yet, its nearest existing ancestor). The thread sleeps in ``poll()`` with no timeout: an idle
     watch costs no wakeups at all. ``relevant(name)``, when given, says which entries of the directories
     matter: a batch of events that touched only others does not call ``on_change`` (the kubelet rewrites
-    its ``kubelet_internal_checkpoint`` in the device-plugin directory at every Allocate and pod removal,
-    kubernetes ``pkg/kubelet/cm/devicemanager/manager.go`` ``writeCheckpoint``). Events on the directory
+    its ``kubelet_internal_checkpoint`` in the device-plugin directory at every Allocate and device-list
+    update, kubernetes ``pkg/kubelet/cm/devicemanager/manager.go``: ``allocateContainerResources`` and
+    ``genericDeviceUpdateCallback`` end in ``writeCheckpoint``). Events on the directory
     itself, on an ancestor watched while a directory is missing, and a queue overflow always do.
     """
 

@@ -179,7 +179,7 @@ class DevicePluginManager:
 
     def _watched_entry(self, name: str) -> bool:
         """The entries of the watched directories the loop looks at: sockets (the kubelet's, ours) and the
-        MIG apply lock. Not the kubelet's checkpoint, rewritten at every Allocate and pod removal."""
+        MIG apply lock. Not the kubelet's checkpoint, rewritten at every Allocate."""
         s = self.settings
         return (name.endswith(".sock") or name == os.path.basename(s.kubelet_socket)
                 or bool(s.mig_apply_lock) and name == os.path.basename(s.mig_apply_lock))
