@@ -23,6 +23,7 @@ import atexit
 import glob
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -137,13 +138,12 @@ def thread_cpu(pid: int, names_file: str) -> dict[str, tuple[float, int]]:
     own clock (``/proc/<pid>/task/<tid>/schedstat``, nanoseconds): a thread's utime + stime in its
     ``stat`` are sampled at the timer tick and miss most of a thread that wakes briefly and often (in
     one node-host process they added up to 1.24 s where the scheduler counted 2.13)."""
-    import re
-
     names: dict[str, str] = {}
     if os.path.exists(names_file):
-        for line in open(names_file).read().splitlines():  # noqa: SIM115
-            tid, _, name = line.partition("\t")
-            names[tid] = name
+        with open(names_file) as f:
+            for line in f.read().splitlines():
+                tid, _, name = line.partition("\t")
+                names[tid] = name
     out: dict[str, tuple[float, int]] = {}
     for d in glob.glob(f"/proc/{pid}/task/*"):
         try:
