@@ -239,14 +239,13 @@ def main(argv: list[str] | None = None) -> int:
                 if v["cpu_ms"] > 0 or v["switches"] > 0:
                     print(f"  {k:36} {v['cpu_ms']:7.3f} ms CPU {v['switches']:7.2f} context switches")
             if part == "node hosts":
-                for what, names in (("our device plugin", PLUGIN_THREADS),
-                                    ("gRPC C core, shared", SHARED_THREADS)):
-                    mine = [v for k, v in threads.items() if k in names]
+                for what, owns in (("our device plugin", lambda k: k in PLUGIN_THREADS),
+                                   ("gRPC C core, shared", lambda k: k in SHARED_THREADS),
+                                   ("the simulated kubelets",
+                                    lambda k: k not in PLUGIN_THREADS and k not in SHARED_THREADS)):
+                    mine = [v for k, v in threads.items() if owns(k)]
                     print(f"  = {what:34} {sum(v['cpu_ms'] for v in mine):7.3f} ms CPU "
                           f"{sum(v['switches'] for v in mine):7.2f} context switches")
-                rest = [v for k, v in threads.items() if k not in PLUGIN_THREADS | SHARED_THREADS]
-                print(f"  = {'the simulated kubelets':34} {sum(v['cpu_ms'] for v in rest):7.3f} ms CPU "
-                      f"{sum(v['switches'] for v in rest):7.2f} context switches")
     if args.mode == "extender":
         import pstats
 

@@ -98,6 +98,12 @@ class GoConnWriter:
             view = view[room:]
         self._buf += view
 
+    def chunk(self, data: bytes) -> None:
+        """One chunk of a chunked body, written as Go's chunkWriter writes it: size line, data, CRLF."""
+        self.write(b"%x\r\n" % len(data))
+        self.write(data)
+        self.write(b"\r\n")
+
     def flush(self) -> None:
         if self._buf:
             data, self._buf = bytes(self._buf), bytearray()
@@ -271,11 +277,8 @@ class _Handler(BaseHTTPRequestHandler):
                 out.write(data)
             else:
                 for i in range(0, len(data), GO_CHUNK_BYTES):
-                    piece = data[i:i + GO_CHUNK_BYTES]
-                    out.write(b"%x\r\n" % len(piece))
-                    out.write(piece)
-                    out.write(b"\r\n")
-                out.write(b"0\r\n\r\n")
+                    out.chunk(data[i:i + GO_CHUNK_BYTES])
+                out.chunk(b"")  # the last chunk ends the body
             out.flush()
         except OSError:
             self.close_connection = True
@@ -286,9 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
         if data:  # counted before the client can read it: a reader that got the event sees it counted
             self.server.api.accounting.add_bytes_out(*self.acct_who, "watch", len(data))
         out = GoConnWriter(self.wfile.write)
-        out.write(b"%x\r\n" % len(data))
-        out.write(data)
-        out.write(b"\r\n")
+        out.chunk(data)
         out.flush()
 
 
