@@ -7,6 +7,7 @@ like the kubelet that stalled in the seed.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -32,6 +33,33 @@ from tests.unit.deviceplugin.fakes import (
 
 pytestmark = pytest.mark.integration
 GPU = "nvidia.com/gpu"
+
+
+class GcPauses:
+    """The collector's pauses in this process (the plugin and the simulated kubelet run in pytest's process,
+    whose heap holds every earlier test's leftovers: a full collection of it is not the agent's cost)."""
+
+    def __init__(self) -> None:
+        self.count, self.total_s, self.max_s, self._t0 = 0, 0.0, 0.0, 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            pause = time.perf_counter() - self._t0
+            self.count, self.total_s = self.count + 1, self.total_s + pause
+            self.max_s = max(self.max_s, pause)
+
+    def start(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def __str__(self) -> str:
+        total, longest = self.total_s * 1000, self.max_s * 1000
+        return f"gc: {self.count} pauses, {total:.1f} ms in all, longest {longest:.1f} ms"
 
 
 class HangingWrites(MemoryPodSource):
@@ -207,6 +235,7 @@ def test_seed_003_hung_nvml_100_pods_in_a_row_none_blocks_then_recovery(gpusim_f
         node.set_fault(hang_after_calls=0)
         durations = []
         outcomes: dict[str, list[str]] = {"plain": [], "gpu-before": [], "gpu-after": []}
+        gc_pauses = GcPauses().start()
         for i in range(100):
             if i == 50:
                 # half-way: the supervisor has noticed the hang -> every device Unhealthy, capacity kept
@@ -226,20 +255,25 @@ def test_seed_003_hung_nvml_100_pods_in_a_row_none_blocks_then_recovery(gpusim_f
                 pods.node_annotations[keys.NODE_LOCK] = lock_value(f"gpu-{i}")
             res = k.admit(pod, timeout=5.0)
             assert res is not None, f"pod {i} blocked in admission: {k.current_pod}"
-            durations.append(res.duration_s)
+            durations.append((res.duration_s, i))
             kind = "plain" if i % 2 else ("gpu-before" if i < 50 else "gpu-after")
             outcomes[kind].append("admitted" if res.admitted else res.message)
             k.release(res.uid)  # the pod is done with its devices: ...
             # ... and its phase says so (tests/sim/kubelet.py writes no pod status; a kubelet does)
             pod["status"] = {"phase": "Succeeded" if res.admitted else "Failed"}
+        gc_pauses.stop()
         durations.sort()
-        p50, worst = durations[50] * 1000, durations[-1] * 1000
+        (p50, _), (worst, worst_i) = durations[50], durations[-1]
         before = outcomes["gpu-before"]
         print(
-            f"100 admissions with NVML hung: p50 {p50:.1f} ms, max {worst:.1f} ms; GPU pods admitted before "
-            f"the hang was noticed: {before.count('admitted')}/25"
+            f"100 admissions with NVML hung: p50 {p50 * 1000:.1f} ms, "
+            f"max {worst * 1000:.1f} ms (pod {worst_i}); "
+            f"GPU pods admitted before the hang was noticed: {before.count('admitted')}/25; {gc_pauses}"
         )
-        assert durations[-1] < 1.0
+        # The contract is the plugin's own deadline: no admission needed it (nothing on the kubelet's path
+        # waits for NVML). Not a speed goal: this runs inside pytest's process on a shared machine, where
+        # one admission took 1.03 s once in CI (docs/testing.md, "Timing in tests").
+        assert worst < settings.rpc_deadline_s, f"pod {worst_i} took {worst:.2f}s; {gc_pauses}"
         assert outcomes["plain"] == ["admitted"] * 50  # non-GPU pods are never held up
         # GPU pods: allocated while devices were still Healthy (Allocate needs no NVML), refused at once
         # ("no healthy devices") once the supervisor noticed the hang -- never an error, never a hang
