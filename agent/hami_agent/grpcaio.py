@@ -5,8 +5,10 @@ Why: an idle ``grpc.server`` (the synchronous one) wakes its completion-queue th
 several times a second: ~0.6 ms/s of CPU per socket on an idle node, measured. A ``grpc.aio`` server on one
 asyncio loop thread sleeps until a call arrives.
 
-What stays the same: the servicers are plain synchronous code (blocking waits, ``DeadlineRunner``); every
-call runs on the socket's own thread pool, as with the synchronous server. Only the adapter below is async.
+A servicer's synchronous methods (the ListAndWatch streams, which block between updates, and the
+registration service) run on the socket's own thread pool, as with the synchronous server, through the
+adapter below. Its ``async`` unary methods (the deadline-bound RPCs, ``kubeletplugin.run_rpc``) are served
+by grpc.aio as they are, on the loop: one thread hand-off less per call, each way.
 grpcio's own sync-handler support in ``grpc.aio`` is not used: its streaming path never calls the
 ``add_callback`` callbacks, its context has no ``is_active``, and its ``abort`` returns instead of raising
 (``_SyncServicerContext`` in grpcio's ``_cygrpc/aio/server.pyx.pxi``) -- a ListAndWatch stream would not
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import inspect
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -169,6 +172,8 @@ def _close_after(items, pending: asyncio.Future | None, pool: cf.Executor) -> No
 def _adapt(handler: grpc.RpcMethodHandler | None, pool: cf.Executor) -> grpc.RpcMethodHandler | None:
     if handler is None or handler.request_streaming:
         return handler  # the kubelet APIs have no client streams
+    if inspect.iscoroutinefunction(handler.unary_unary):
+        return handler  # an ``async`` method: grpc.aio runs it on the loop as it is
     if handler.response_streaming:
         return handler._replace(unary_stream=_stream(handler.unary_stream, pool))
     return handler._replace(unary_unary=_unary(handler.unary_unary, pool))

@@ -5,16 +5,18 @@ driver (``dra``) each serve gRPC on unix sockets the kubelet dials.
   deadline, so a hung NVML or API call can never block the kubelet (the failure of seed 003);
 * ``SocketServer``: one gRPC server on one unix socket, restartable, that notices when its socket file is
   gone or replaced (the kubelet wipes its plugin directories when it restarts); served by ``grpc.aio`` on one
-  loop thread, the servicers' synchronous methods on the socket's own pool (``grpcaio``: an idle synchronous
-  server costs ~0.6 ms/s of CPU per socket, issue 31);
+  loop thread (``grpcaio``: an idle synchronous server costs ~0.6 ms/s of CPU per socket, issue 31): the
+  deadline-bound unary methods are ``async`` and hand their bodies from the loop to the runner, the
+  streams and the registration service are synchronous methods on the socket's own pool;
 * ``RegistrationServicer``: the plugin watcher's ``Registration`` service (``GetInfo`` and
   ``NotifyRegistrationStatus``; kubernetes ``pkg/kubelet/pluginmanager``);
-* ``run_rpc``: an RPC body under the runner, its errors turned into the gRPC status the kubelet shows, its
-  duration and error code counted.
+* ``run_rpc``: an RPC body under the runner, awaited on the gRPC loop, its errors turned into the gRPC status
+  the kubelet shows, its duration and error code counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import logging
 import os
@@ -55,25 +57,60 @@ class DeadlineRunner:
                          commit_margin_s=self.commit_margin_s, api_timeout_s=self.api_timeout_s)
 
     def run(self, fn: Callable[[RpcBudget], T], what: str) -> T:
+        """``fn`` on the pool, waited for from this thread (blocking)."""
         budget: RpcBudget[T] = self.budget(what)
         fut = self._pool.submit(fn, budget)
+        done, _ = cf.wait([fut], timeout=max(0.0, budget.remaining()))
+        if not done:
+            return self._past_deadline(budget, fut, what)
         try:
-            return fut.result(timeout=max(0.0, budget.remaining()))
-        except cf.TimeoutError:
-            committed, result = budget.answer_error()
-            if committed:  # the success write won the race: it is the truth, answer it
-                log.v(logger, 3, "%s committed at its deadline; answering the committed success", what)
-                return result  # type: ignore[return-value]
-            fut.cancel()  # no effect once running; a queued body is dropped
-            raise DeadlineExceeded(f"{what} did not finish within the {self.deadline_s:g}s deadline; failing "
-                                   "fast instead of blocking the kubelet (see hami-agent device-plugin logs)"
-                                   ) from None
+            return fut.result()
         except BaseException:
-            committed, result = budget.answer_error()
-            if committed:  # only a bug after the commit can get here; the success was written
-                logger.exception("%s raised after its success was committed; answering the success", what)
+            committed, result = self._committed_anyway(budget, what)
+            if committed:
                 return result  # type: ignore[return-value]
             raise
+
+    async def run_async(self, fn: Callable[[RpcBudget], T], what: str) -> T:
+        """``fn`` on the pool, awaited from the gRPC loop: the call's thread hands the body straight to the
+        pool and is woken once, when it ends (issue 31: one hand-off per RPC less than ``run`` from a
+        thread of its own)."""
+        budget: RpcBudget[T] = self.budget(what)
+        fut = self._pool.submit(fn, budget)
+        waited = asyncio.wrap_future(fut)
+        try:
+            done, _ = await asyncio.wait([waited], timeout=max(0.0, budget.remaining()))
+        except asyncio.CancelledError:  # the caller left: nobody hears a success, so none may be written
+            budget.answer_error()
+            waited.cancel()
+            raise
+        if not done:
+            waited.cancel()  # a late end is dropped, never logged as an unretrieved exception
+            return self._past_deadline(budget, fut, what)
+        try:
+            return waited.result()
+        except BaseException:
+            committed, result = self._committed_anyway(budget, what)
+            if committed:
+                return result  # type: ignore[return-value]
+            raise
+
+    def _past_deadline(self, budget: RpcBudget[T], fut: cf.Future, what: str) -> T:
+        committed, result = budget.answer_error()
+        if committed:  # the success write won the race: it is the truth, answer it
+            log.v(logger, 3, "%s committed at its deadline; answering the committed success", what)
+            return result  # type: ignore[return-value]
+        fut.cancel()  # no effect once running; a queued body is dropped
+        raise DeadlineExceeded(f"{what} did not finish within the {self.deadline_s:g}s deadline; failing "
+                               "fast instead of blocking the kubelet (see hami-agent device-plugin logs)")
+
+    @staticmethod
+    def _committed_anyway(budget: RpcBudget[T], what: str) -> tuple[bool, T | None]:
+        """The body raised: ``(True, result)`` when its success was committed all the same (answer it)."""
+        committed, result = budget.answer_error()
+        if committed:  # only a bug after the commit can get here; the success was written
+            logger.exception("%s raised after its success was committed; answering the success", what)
+        return committed, result
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -160,34 +197,37 @@ class RegistrationServicer(reg_pb2_grpc.RegistrationServicer):
         return reg_pb2.RegistrationStatusResponse()
 
 
-def run_rpc(runner: DeadlineRunner, what: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T],
-            expected: Mapping[type[BaseException], grpc.StatusCode],
-            record: Callable[[float, str], None] | None = None, log: logging.Logger | None = None) -> T:
-    """``body`` under ``runner``; a deadline, an error of a type in ``expected`` (logged, answered with its
-    status) or a bug (logged with its traceback, INTERNAL) aborts the RPC, so the kubelet gets an answer
-    and the server lives on. ``record(seconds, code)`` counts every call ("OK" or the status name).
+async def run_rpc(runner: DeadlineRunner, what: str, context: grpc.aio.ServicerContext,
+                  body: Callable[[RpcBudget], T], expected: Mapping[type[BaseException], grpc.StatusCode],
+                  record: Callable[[float, str], None] | None = None, log: logging.Logger | None = None) -> T:
+    """``body`` under ``runner``, for a servicer method served on the gRPC loop (``async def``); a deadline,
+    an error of a type in ``expected`` (logged, answered with its status) or a bug (logged with its
+    traceback, INTERNAL) aborts the RPC, so the kubelet gets an answer and the server lives on.
+    ``record(seconds, code)`` counts every call ("OK", the status name, or CANCELLED when the caller left).
     ``log``: the calling plugin's logger, so a refusal is logged under the plugin that refused."""
     log = log or logger
     start = time.perf_counter()
     code = "OK"
     try:
-        return runner.run(body, what)
+        return await runner.run_async(body, what)
     except DeadlineExceeded as exc:
-        code = "DEADLINE_EXCEEDED"
+        code, status, details = "DEADLINE_EXCEEDED", grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
         log.error("%s", exc)
-        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
     except tuple(expected) as exc:
         status = next(st for kind, st in expected.items() if isinstance(exc, kind))
-        code = status.name
+        code, details = status.name, str(exc)
         log.error("%s", exc)
-        context.abort(status, str(exc))
+    except asyncio.CancelledError:
+        code = "CANCELLED"
+        raise
     except Exception as exc:  # a bug must not hang or kill the server: report it to the kubelet
-        code = "INTERNAL"
+        code, status = "INTERNAL", grpc.StatusCode.INTERNAL
+        details = f"{what} failed: {type(exc).__name__}: {exc}"
         log.exception("%s failed unexpectedly", what)
-        context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
     finally:
         if record is not None:
             record(time.perf_counter() - start, code)
+    await context.abort(status, details)
     raise AssertionError("unreachable")  # context.abort raises
 
 

@@ -4,10 +4,10 @@ Why handlers run on a separate bounded pool: the kubelet calls GetPreferredAlloc
 pod admission with no deadline and admits pods one at a time (kubelet device manager,
 ``pkg/kubelet/cm/devicemanager/manager.go``), so a plugin RPC that never returns stalls every pod on the
 node (seed 003). Each unary body is submitted to ``DeadlineRunner`` with an ``RpcBudget`` (the RPC's
-deadline, passed down to every API call) and the gRPC thread waits at most ``rpc_deadline_s``; past it
+deadline, passed down to every API call) and the gRPC loop awaits it at most ``rpc_deadline_s``; past it
 the kubelet gets DEADLINE_EXCEEDED with a message naming what was pending. Before any error answer the
 runner marks the budget answered, so a body still running can no longer commit a success
-(``budget.py`` has the rule). ListAndWatch streams run on the gRPC server's own threads.
+(``budget.py`` has the rule). ListAndWatch streams run on the socket's own pool threads.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def resource(self) -> str:
         return self.state.current()[0].resource_name
 
-    def _timed(self, method: str, context: grpc.ServicerContext, body: Callable[[RpcBudget], T]) -> T:
+    async def _timed(self, method: str, context: grpc.aio.ServicerContext,
+                     body: Callable[[RpcBudget], T]) -> T:
         # UNKNOWN is what a Go plugin's plain error becomes, so the kubelet's event text matches HAMi's:
         # "Allocate failed due to rpc error: code = Unknown desc = device number not matched ..."
         def record(seconds: float, code: str) -> None:
@@ -126,10 +127,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             if code != "OK":
                 self.metrics.rpc_errors.labels(method, self.resource, code).inc()
 
-        return run_rpc(self.runner, f"{method} for '{self.resource}'", context, body,
-                       {AllocationError: grpc.StatusCode.UNKNOWN}, record, log=logger)
+        return await run_rpc(self.runner, f"{method} for '{self.resource}'", context, body,
+                             {AllocationError: grpc.StatusCode.UNKNOWN}, record, log=logger)
 
-    def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
+    # The unary methods are ``async``: grpc.aio runs them on its loop, which hands a body straight to the
+    # runner (never blocking itself); ListAndWatch blocks between updates, so it stays synchronous and
+    # runs on the socket's pool (``grpcaio``).
+    async def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method name
         self.on_answer()
         return OPTIONS
 
@@ -168,7 +172,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 if self.on_stream_lost is not None:
                     self.on_stream_lost()
 
-    def GetPreferredAllocation(self, request, context):  # noqa: N802
+    async def GetPreferredAllocation(self, request, context):  # noqa: N802
         reqs = [PreferredRequest(tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs),
                                  r.allocation_size) for r in request.container_requests]
 
@@ -179,9 +183,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             return api_pb2.PreferredAllocationResponse(container_responses=[
                 api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in chosen])
 
-        return self._timed("GetPreferredAllocation", context, body)
+        return await self._timed("GetPreferredAllocation", context, body)
 
-    def Allocate(self, request, context):  # noqa: N802
+    async def Allocate(self, request, context):  # noqa: N802
         reqs = [list(r.devices_ids) for r in request.container_requests]
 
         def body(budget: RpcBudget):
@@ -198,10 +202,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                   [r.envs.get("NVIDIA_VISIBLE_DEVICES") for r in responses])
             return responses
 
-        responses = self._timed("Allocate", context, body)
+        responses = await self._timed("Allocate", context, body)
         return api_pb2.AllocateResponse(container_responses=[to_pb_container_response(r) for r in responses])
 
-    def PreStartContainer(self, request, context):  # noqa: N802
+    async def PreStartContainer(self, request, context):  # noqa: N802
         return api_pb2.PreStartContainerResponse()
 
 

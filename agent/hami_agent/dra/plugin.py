@@ -90,21 +90,22 @@ class _DraServicer:
         self.metrics = metrics
         self.driver = driver
 
-    def _run(self, method: str, context: grpc.ServicerContext, body: Callable) -> Any:
+    async def _run(self, method: str, context: grpc.aio.ServicerContext, body: Callable) -> Any:
         def record(seconds: float, code: str) -> None:
             if self.metrics is not None:
                 self.metrics.rpc_duration.labels(method).observe(seconds)
                 if code != "OK":
                     self.metrics.rpc_errors.labels(method, code).inc()
 
-        return run_rpc(self.runner, f"{method} of driver {self.driver}", context, body,
-                       {PrepareBusy: grpc.StatusCode.UNAVAILABLE}, record, log=logger)
+        return await run_rpc(self.runner, f"{method} of driver {self.driver}", context, body,
+                             {PrepareBusy: grpc.StatusCode.UNAVAILABLE}, record, log=logger)
 
-    def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC method name
+    # ``async``: served on the gRPC loop, which hands each body straight to the runner (``kubeletplugin``)
+    async def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC method name
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
         log.v(logger, 4, "NodePrepareResources %s", [f"{r} ({r.uid})" for r in refs])
-        results: dict[str, ClaimResult] = self._run("NodePrepareResources", context,
-                                                    lambda budget: self.preparer.prepare(refs, budget))
+        results: dict[str, ClaimResult] = await self._run("NodePrepareResources", context,
+                                                          lambda budget: self.preparer.prepare(refs, budget))
         out = self.pb.NodePrepareResourcesResponse()
         for ref in refs:
             res = results.get(ref.uid) or ClaimResult(error=f"claim {ref}: not prepared")
@@ -123,11 +124,11 @@ class _DraServicer:
                 self.metrics.claims.labels("prepare", "success").inc()
         return out
 
-    def NodeUnprepareResources(self, request, context):  # noqa: N802
+    async def NodeUnprepareResources(self, request, context):  # noqa: N802
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
         log.v(logger, 4, "NodeUnprepareResources %s", [f"{r} ({r.uid})" for r in refs])
-        errors: dict[str, str] = self._run("NodeUnprepareResources", context,
-                                           lambda budget: self.preparer.unprepare(refs, budget))
+        errors: dict[str, str] = await self._run("NodeUnprepareResources", context,
+                                                 lambda budget: self.preparer.unprepare(refs, budget))
         out = self.pb.NodeUnprepareResourcesResponse()
         for ref in refs:
             out.claims[ref.uid].error = errors.get(ref.uid, "")

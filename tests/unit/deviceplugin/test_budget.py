@@ -3,6 +3,7 @@ written; a success that was committed is what the kubelet gets. Plus the backgro
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -116,7 +117,19 @@ def test_the_write_gets_all_the_remaining_budget_as_timeout():
 
 
 # ----------------------------------------------------------------------------------- DeadlineRunner
-def test_runner_answers_a_success_committed_at_the_deadline():
+def run_body(runner: DeadlineRunner, how: str, body, what: str = "Allocate for 'x'"):
+    """The body under the runner as a thread waits for it (``run``) or as the gRPC loop does
+    (``run_async``)."""
+    if how == "thread":
+        return runner.run(body, what)
+    return asyncio.run(runner.run_async(body, what))
+
+
+WAYS = ["thread", "loop"]
+
+
+@pytest.mark.parametrize("how", WAYS)
+def test_runner_answers_a_success_committed_at_the_deadline(how):
     """The body committed, then stalled before returning: the success was written, so it is the answer."""
     runner = DeadlineRunner(workers=2, deadline_s=0.3, commit_margin_s=0.1, reply_margin_s=0.05)
     release = threading.Event()
@@ -126,12 +139,13 @@ def test_runner_answers_a_success_committed_at_the_deadline():
         release.wait(5)  # e.g. descheduled between the commit and the return
         return result
 
-    assert runner.run(body, "Allocate for 'x'") == "written"
+    assert run_body(runner, how, body) == "written"
     release.set()
     runner.shutdown()
 
 
-def test_runner_answers_deadline_exceeded_and_the_write_in_flight_becomes_late():
+@pytest.mark.parametrize("how", WAYS)
+def test_runner_answers_deadline_exceeded_and_the_write_in_flight_becomes_late(how):
     runner = DeadlineRunner(workers=2, deadline_s=0.3, commit_margin_s=0.1, reply_margin_s=0.05)
     release, late = threading.Event(), threading.Event()
 
@@ -144,10 +158,53 @@ def test_runner_answers_deadline_exceeded_and_the_write_in_flight_becomes_late()
 
     t0 = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="did not finish within the 0.3s deadline"):
-        runner.run(body, "Allocate for 'x'")
+        run_body(runner, how, body)
     assert time.monotonic() - t0 < 2.0
     release.set()
     assert late.wait(5)
+    runner.shutdown()
+
+
+@pytest.mark.parametrize("how", WAYS)
+def test_runner_raises_the_bodys_own_timeout_error_not_a_deadline(how):
+    """A body's ``TimeoutError`` (a socket's) is its error, not the runner's deadline: since Python 3.11
+    ``concurrent.futures.TimeoutError`` is that same class, so waiting must not tell them apart by type."""
+    runner = DeadlineRunner(workers=1, deadline_s=5.0)
+
+    def body(_budget):
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(TimeoutError, match="read timed out"):
+        run_body(runner, how, body)
+    runner.shutdown()
+
+
+def test_a_caller_that_leaves_stops_the_success_from_being_written():
+    """The gRPC call was cancelled (the kubelet went away) while the body ran: nobody will hear a success,
+    so the body's commit must fail rather than write one."""
+    runner = DeadlineRunner(workers=1, deadline_s=5.0)
+    started, release, refused = threading.Event(), threading.Event(), threading.Event()
+    written = []
+
+    def body(budget):
+        started.set()
+        release.wait(5)
+        try:
+            return budget.commit(written.append, "written")
+        except BudgetExhausted:  # not started: nothing written
+            refused.set()
+            raise
+
+    async def caller_leaves():
+        task = asyncio.ensure_future(runner.run_async(body, "Allocate for 'x'"))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(caller_leaves())
+    release.set()
+    assert refused.wait(5) and written == []
     runner.shutdown()
 
 
