@@ -23,18 +23,21 @@ The node-lock hold time is measured from the lock's appearance on the Node (the 
 removal (the device plugin's Allocate released it), as seen by a watch on the nodes; the extender-off run
 takes no lock. Exit status 1 when a goal is missed (``--no-goals``: 0, report only).
 
-Run: ``python -m benchmarks e2e_schedule`` (or ``make bench``); ``--quick``: 200 pods over 20 nodes.
+Run: ``python -m benchmarks e2e_schedule`` (or ``make bench``); ``--quick``: 200 pods over 20 nodes;
+``--pin``: each process on cores of its own (``pinning.py``; a machine with 14 or more cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
 from benchmarks import goals
 from benchmarks.e2e_schedule.cluster import CREATE_IN_FLIGHT, SimCluster
+from benchmarks.e2e_schedule.pinning import CORES_EACH, CorePlan, plan_cores
 from hami_agent.scheduler.verbs.extender import SchedulerConfig
 from tests.sim import kube_scheduler as ks
 
@@ -74,11 +77,11 @@ class _VerbTimes:
 
 def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s: float,
              node_policy: str = "binpack", strict: bool = False, sync_write: bool = False,
-             queued: bool = False) -> dict[str, Any]:
+             queued: bool = False, cores: CorePlan | None = None) -> dict[str, Any]:
     """One run. ``queued``: every pod is created (concurrently, bounded) before kube-scheduler starts, and
     the rate is measured from its start to the last pod ``Running``: scheduling throughput that the rate of
     creating pods does not cap. Otherwise the clock starts at the first create (a job's user-visible time)."""
-    cluster = SimCluster(n_nodes, extender=extender, hosts=hosts,
+    cluster = SimCluster(n_nodes, extender=extender, hosts=hosts, cores=cores,
                          config=SchedulerConfig(event_nodes=5, node_policy=node_policy,
                                                 avoid_busy_nodes=not strict, write_behind=not sync_write))
     verbs = _VerbTimes()
@@ -117,6 +120,7 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
                 verbs_[row["verb"]] = verbs_.get(row["verb"], 0) + row["requests"]
         time.sleep(0.5)  # the last lock release reaches the observer's watch
         holds = cluster.lock_holds()
+        not_held = cluster.pinning_not_held()
         sim = cluster.sim
         return {"nodes": n_nodes, "pods": n_pods, "extender": extender, "policy": node_policy,
                 "strict_node_order": strict, "sync_filter_write": sync_write,
@@ -135,7 +139,9 @@ def run_case(n_nodes: int, n_pods: int, *, extender: bool, hosts: int, timeout_s
                 "filter_calls": sim.filter_calls if sim else 0, "refusals": len(sim.failures) if sim else 0,
                 "filter_p50_ms": pct(verbs.times.get("filter", []), 0.5) * 1e3,
                 "bind_p50_ms": pct(verbs.times.get("bind", []), 0.5) * 1e3,
-                "refusal_sample": sorted({m[:160] for _k, m in (sim.failures if sim else [])})[:3]}
+                "refusal_sample": sorted({m[:160] for _k, m in (sim.failures if sim else [])})[:3],
+                "pinning": (None if cores is None else
+                            {"cores": cores.as_dict(), "held": not not_held, "not_held": not_held[:10]})}
     finally:
         cluster.stop()
 
@@ -188,21 +194,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pods", type=int, default=None)
     p.add_argument("--hosts", type=int, default=4, help="node-host processes for the fleet case")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--pin", action="store_true",
+                   help=f"each process on {CORES_EACH} cores of its own: the benchmark (kube-scheduler sim), "
+                        "the API server, the extender, every node host (issue 31 item 6; needs "
+                        f"{CORES_EACH} x (3 + --hosts) cores, 14 with 4 hosts)")
     goals.add_flag(p)
     args = p.parse_args(argv)
     n_nodes = args.nodes or (20 if args.quick else 100)
     n_pods = args.pods or (200 if args.quick else 1000)
-    job = {k: run_case(1, 40, extender=k == "on", hosts=0, timeout_s=60) for k in ("on", "off")}
+    cores = None
+    if args.pin:
+        try:
+            cores = plan_cores(os.sched_getaffinity(0), args.hosts)
+        except ValueError as exc:
+            p.error(str(exc))
+    job = {k: run_case(1, 40, extender=k == "on", hosts=0, timeout_s=60, cores=cores) for k in ("on", "off")}
     fleet = {k: run_case(n_nodes, n_pods, extender=k != "off", hosts=args.hosts, timeout_s=600,
                          node_policy="spread" if k == "spread" else "binpack", strict=k == "strict",
-                         sync_write=k == "sync-write", queued=True)
+                         sync_write=k == "sync-write", queued=True, cores=cores)
              for k in ("on", "off", "spread", "strict", "sync-write")}
     SUMMARY[:] = figures(job, fleet)
+    machine = {"cpus": os.cpu_count(), "pinned": cores.as_dict() if cores else None,
+               "pinning_held": all((r.get("pinning") or {}).get("held", True)
+                                   for runs in (job, fleet) for r in runs.values())}
     if args.json:
-        print(json.dumps({"job40": job, "fleet": fleet, "figures": SUMMARY}, indent=2))
+        print(json.dumps({"machine": machine, "job40": job, "fleet": fleet, "figures": SUMMARY}, indent=2))
         return goals.exit_code(SUMMARY, args.no_goals)
     print("end-to-end scheduling, SIMULATED cluster: kube-scheduler sim + extender process + kubelet sims + "
           "real device plugins (Allocate)")
+    print(f"machine: {machine['cpus']} CPUs; " + (
+        f"each process on cores of its own: {machine['pinned']}; pinning held in every run: "
+        f"{machine['pinning_held']}" if cores else "not pinned (the kernel shares the cores)"))
     print(f"{'case':<7} {'extender':>8} {'nodes':>5} {'pods':>5} {'Running':>7} {'failed':>6} "
           f"{'create/s':>8} "
           f"{'wall s':>7} {'pods/s':>7} {'binds/s':>7} {'/filter':>7} {'refused':>7} {'locks':>5} "

@@ -34,6 +34,8 @@ from typing import Any
 import grpc
 
 from benchmarks.apiserver_proc import ApiServerProcess
+from benchmarks.e2e_schedule import pinning
+from benchmarks.e2e_schedule.pinning import CorePlan
 from benchmarks.procstat import process_cpu_or_zero
 from hami_agent.config import build_config
 from hami_agent.deviceplugin.api import api_pb2, api_pb2_grpc
@@ -305,10 +307,11 @@ class SimCluster:
     def __init__(self, n_nodes: int, *, gpus: int = 8, split: int = 10, extender: bool = True,
                  config: SchedulerConfig | None = None, queue_kw: dict | None = None,
                  hosts: int = 0, extender_args: list[str] | None = None,
-                 graceful_deletion: bool = False) -> None:
+                 graceful_deletion: bool = False, cores: CorePlan | None = None) -> None:
         """``hosts``: node-host processes (0: the nodes run in this process). ``extender_args``: more flags
         for ``hami-agent scheduler``. ``graceful_deletion``: a deleted bound pod terminates until its
-        simulated kubelet confirms (``NodeHost._stop_pod``), as in a real cluster."""
+        simulated kubelet confirms (``NodeHost._stop_pod``), as in a real cluster. ``cores``: each process
+        on cores of its own (``pinning.py``; None: wherever the kernel puts them)."""
         self.n_nodes = n_nodes
         self.gpus = gpus
         self.split = split
@@ -318,6 +321,7 @@ class SimCluster:
         self.hosts = hosts
         self.extender_args = list(extender_args or [])
         self.graceful_deletion = graceful_deletion
+        self.cores = cores
         self.tmp = tempfile.mkdtemp(prefix="hami-e2e-", dir="/tmp")
         self.api: ApiServerProcess | None = None
         self.host: NodeHost | None = None
@@ -341,8 +345,12 @@ class SimCluster:
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self, *, hold_scheduler: bool = False) -> SimCluster:
+        if self.cores is not None:
+            pinning.pin(os.getpid(), self.cores.bench)  # the kube-scheduler simulator and the observers
         self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"),
                                     graceful_deletion=int(self.graceful_deletion))
+        if self.cores is not None:
+            pinning.pin(self.api.proc.pid, self.cores.apiserver)
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=10, component="bench")
         names = [f"node-{i:03d}" for i in range(self.n_nodes)]
         alloc = str(self.gpus * self.split)
@@ -396,6 +404,8 @@ class SimCluster:
                    "--split", str(self.split), *([] if self.extender else ["--plain"])]
             self.host_procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
                                                     stderr=open(os.path.join(d, "host.log"), "w")))  # noqa: SIM115
+            if self.cores is not None:
+                pinning.pin(self.host_procs[-1].pid, self.cores.hosts[h % len(self.cores.hosts)])
         if not wait_for(lambda: all(os.path.exists(os.path.join(d, "ready")) for d in dirs), 300, step=0.5):
             logs = [open(os.path.join(d, "host.log")).read()[-1500:] for d in dirs]
             raise RuntimeError(f"node hosts did not come up: {logs}")
@@ -410,6 +420,18 @@ class SimCluster:
                 "node hosts": sum(cpu(p.pid) for p in self.host_procs),
                 # this process; the nodes too when they run in it (hosts=0)
                 "kube-scheduler sim" + ("" if self.host_procs else " + nodes"): cpu(os.getpid())}
+
+    def pinning_not_held(self) -> list[str]:
+        """Threads of the cluster's processes found off their planned cores (empty: the pinning held)."""
+        if self.cores is None:
+            return []
+        procs = [(os.getpid(), self.cores.bench)]
+        if self.api is not None:
+            procs.append((self.api.proc.pid, self.cores.apiserver))
+        if self.extender_proc is not None:
+            procs.append((self.extender_proc.pid, self.cores.extender))
+        procs += [(p.pid, self.cores.hosts[i % len(self.cores.hosts)]) for i, p in enumerate(self.host_procs)]
+        return [off for pid, cores in procs for off in pinning.verify(pid, cores)]
 
     def _start_extender(self) -> None:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
@@ -431,6 +453,8 @@ class SimCluster:
             + ([] if self.config.avoid_busy_nodes else ["--strict-node-order"])
             + ([] if self.config.write_behind else ["--sync-filter-write"]),
             stdout=log, stderr=subprocess.STDOUT)
+        if self.cores is not None:
+            pinning.pin(self.extender_proc.pid, self.cores.extender)
         self.extender_url = f"http://127.0.0.1:{verbs_port}"
 
         def ready() -> bool:
