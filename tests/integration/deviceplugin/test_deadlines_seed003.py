@@ -114,8 +114,8 @@ def test_allocate_past_the_deadline_fails_fast_and_other_rpcs_keep_answering(sta
             ),
             timeout=10,
         )
-        assert list(resp.container_responses[0].deviceIDs) == [f"{gpu_uuid(1)}-0"]
-        assert time.monotonic() - t0 < 0.5
+        assert list(resp.container_responses[0].deviceIDs) == [f"{gpu_uuid(1)}-0"]  # an answer, no deadline
+        assert time.monotonic() - t0 < 1.5
     pods.release.set()
     # the write landed after the kubelet's error: the background writer records the truth
     end = time.monotonic() + 10

@@ -188,7 +188,7 @@ def test_stop_interrupts_a_blocked_watch_promptly(api_server: ApiServer, kube: K
     time.sleep(0.2)  # now blocked reading an idle watch stream
     t0 = time.monotonic()
     inf.stop()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 5.0  # not the watch's 300 s (room for a shared machine)
     assert not any(t.name.startswith("informer-pods") for t in threading.enumerate())
 
 

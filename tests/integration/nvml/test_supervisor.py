@@ -197,8 +197,8 @@ def test_stop_ends_the_worker(gpusim_node: GpusimNode) -> None:
     assert not alive(pid)
     # wait_for_change returns at once after stop
     t0 = time.monotonic()
-    sup.wait_for_change(sup.snapshot().generation, 5)
-    assert time.monotonic() - t0 < 1
+    sup.wait_for_change(sup.snapshot().generation, 30)
+    assert time.monotonic() - t0 < 5  # not the 30 s asked for (room for a shared machine)
 
 
 def test_bad_arguments() -> None:
