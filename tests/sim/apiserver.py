@@ -821,7 +821,7 @@ class ApiServer:
                     cursor = e.rv
                     out = _translate(e, matches)
                     if out is not None:
-                        send(*out)
+                        h.write_chunk(e.event_line(out[0]))
                         last_sent = time.monotonic()
                 pending = []
                 if bookmarks and time.monotonic() - last_sent >= self.bookmark_interval_s:

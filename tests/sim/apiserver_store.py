@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import copy
 import datetime
+import json
 import re
 import threading
 import uuid
@@ -342,6 +343,15 @@ class HistoryEntry:
     type: str  # ADDED / MODIFIED / DELETED
     old: Obj | None
     new: Obj
+    # the watch event's bytes by event type, encoded once for every watcher, as kube-apiserver's watch cache
+    # does (``cachingObject``, staging/src/k8s.io/apiserver/pkg/storage/cacher/caching_object.go)
+    encoded: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def event_line(self, type_: str) -> bytes:
+        line = self.encoded.get(type_)
+        if line is None:  # two watchers may both encode it first: the same bytes, one kept
+            line = self.encoded[type_] = json.dumps({"type": type_, "object": self.new}).encode() + b"\n"
+        return line
 
 
 @dataclass
