@@ -69,3 +69,16 @@ def test_an_answer_sent_through_the_go_writer_is_whole_and_chunked() -> None:
         chunks.append(rest[:n])
         rest = rest[n + 2:]
     assert json.loads(b"".join(chunks))["data"]["k"] == "v" * 6000
+
+
+def test_a_watch_event_is_encoded_once_per_type_for_every_watcher() -> None:
+    """kube-apiserver's watch cache serializes an event once (``cachingObject``); so does the simulator."""
+    from tests.sim.apiserver_store import HistoryEntry
+
+    node = {"kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}
+    e = HistoryEntry(7, "nodes", "MODIFIED", None, node)
+    first = e.event_line("MODIFIED")
+    assert e.event_line("MODIFIED") is first  # the second watcher gets the same bytes, not a new encoding
+    assert json.loads(first) == {"type": "MODIFIED", "object": node} and first.endswith(b"\n")
+    added = e.event_line("ADDED")  # a watcher whose selector the object just entered
+    assert json.loads(added)["type"] == "ADDED" and added is not first
