@@ -89,7 +89,7 @@ def test_a_slow_api_server_fails_within_the_deadline_and_the_truth_is_recorded_l
     t0 = time.monotonic()
     with pytest.raises(AllocationError, match="patch pod error"):
         alloc.allocate(plan, [[f"{gpu_uuid(0)}-0"]])
-    assert time.monotonic() - t0 < 2.5  # within the 2 s deadline (+ scheduling noise)
+    assert time.monotonic() - t0 < 2.9  # the 2 s deadline answered, not the server's 3 s (room for noise)
     # the failure record (not delayed) lands first; the success write, still sleeping in the server,
     # arrives at t0+3s and must then be refused by its own precondition (bind-phase=allocating)
     assert alloc.writer.wait_idle(15)
@@ -160,13 +160,13 @@ def test_allocate_client_is_never_throttled(api_server, tmp_path):
         assert fast.limiter is None and fast.retry.attempts == 1 and fast.timeout_s == 0.3
         api_server.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         client.limiter.reserve(1e9)
-        for _ in range(30):
-            client.limiter.reserve(1e9)  # the background client now waits ~8 s for its next token
+        for _ in range(100):
+            client.limiter.reserve(1e9)  # the background client now waits ~18 s for its next token (5/s)
         t0 = time.monotonic()
         src = K8sPodSource(NODE, fast, None)
         for i in range(10):
             api_server.patch("nodes", None, NODE, {"metadata": {"annotations": {keys.NODE_LOCK: f"v{i}"}}})
             assert src.release_lock_if(f"v{i}", 0.3)
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 6.0  # not the ~18 s the background client's limiter would make it wait
     finally:
         client.close()
