@@ -322,6 +322,7 @@ class SimCluster:
         self.extender_args = list(extender_args or [])
         self.graceful_deletion = graceful_deletion
         self.cores = cores
+        self._pinned: list[tuple[int, tuple[int, ...]]] = []  # (pid, its planned cores), as pinned
         self.tmp = tempfile.mkdtemp(prefix="hami-e2e-", dir="/tmp")
         self.api: ApiServerProcess | None = None
         self.host: NodeHost | None = None
@@ -346,11 +347,11 @@ class SimCluster:
     # -------------------------------------------------------------------------------- lifecycle
     def start(self, *, hold_scheduler: bool = False) -> SimCluster:
         if self.cores is not None:
-            pinning.pin(os.getpid(), self.cores.bench)  # the kube-scheduler simulator and the observers
+            self._pin(os.getpid(), self.cores.bench)  # the kube-scheduler simulator and the observers
         self.api = ApiServerProcess(os.path.join(self.tmp, "apiserver"),
                                     graceful_deletion=int(self.graceful_deletion))
         if self.cores is not None:
-            pinning.pin(self.api.proc.pid, self.cores.apiserver)
+            self._pin(self.api.proc.pid, self.cores.apiserver)
         self.client = KubeClient.from_kubeconfig(self.api.kubeconfig_path, timeout_s=10, component="bench")
         names = [f"node-{i:03d}" for i in range(self.n_nodes)]
         alloc = str(self.gpus * self.split)
@@ -405,7 +406,7 @@ class SimCluster:
             self.host_procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
                                                     stderr=open(os.path.join(d, "host.log"), "w")))  # noqa: SIM115
             if self.cores is not None:
-                pinning.pin(self.host_procs[-1].pid, self.cores.hosts[h % len(self.cores.hosts)])
+                self._pin(self.host_procs[-1].pid, self.cores.hosts[h % len(self.cores.hosts)])
         if not wait_for(lambda: all(os.path.exists(os.path.join(d, "ready")) for d in dirs), 300, step=0.5):
             logs = [open(os.path.join(d, "host.log")).read()[-1500:] for d in dirs]
             raise RuntimeError(f"node hosts did not come up: {logs}")
@@ -421,17 +422,13 @@ class SimCluster:
                 # this process; the nodes too when they run in it (hosts=0)
                 "kube-scheduler sim" + ("" if self.host_procs else " + nodes"): cpu(os.getpid())}
 
+    def _pin(self, pid: int, cores: tuple[int, ...]) -> None:
+        pinning.pin(pid, cores)
+        self._pinned.append((pid, cores))
+
     def pinning_not_held(self) -> list[str]:
         """Threads of the cluster's processes found off their planned cores (empty: the pinning held)."""
-        if self.cores is None:
-            return []
-        procs = [(os.getpid(), self.cores.bench)]
-        if self.api is not None:
-            procs.append((self.api.proc.pid, self.cores.apiserver))
-        if self.extender_proc is not None:
-            procs.append((self.extender_proc.pid, self.cores.extender))
-        procs += [(p.pid, self.cores.hosts[i % len(self.cores.hosts)]) for i, p in enumerate(self.host_procs)]
-        return [off for pid, cores in procs for off in pinning.verify(pid, cores)]
+        return [off for pid, cores in self._pinned for off in pinning.verify(pid, cores)]
 
     def _start_extender(self) -> None:
         """``hami-agent scheduler`` as its own process, as in a cluster (sharing this process's GIL with a
@@ -454,7 +451,7 @@ class SimCluster:
             + ([] if self.config.write_behind else ["--sync-filter-write"]),
             stdout=log, stderr=subprocess.STDOUT)
         if self.cores is not None:
-            pinning.pin(self.extender_proc.pid, self.cores.extender)
+            self._pin(self.extender_proc.pid, self.cores.extender)
         self.extender_url = f"http://127.0.0.1:{verbs_port}"
 
         def ready() -> bool:

@@ -64,6 +64,7 @@ from tests.sim.apiserver_store import (
     parse_field_selector,
     parse_label_selector,
     resource_for_kind,
+    watch_event_line,
 )
 
 DEFAULT_WATCH_TIMEOUT_S = 1800  # the real server's --min-request-timeout
@@ -780,7 +781,7 @@ class ApiServer:
         h.end_headers()
 
         def send(type_: str, obj: Obj) -> None:
-            h.write_chunk(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
+            h.write_chunk(watch_event_line(type_, obj))
 
         hub = self.watch_hub
         expired_at = None

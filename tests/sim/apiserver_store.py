@@ -350,8 +350,13 @@ class HistoryEntry:
     def event_line(self, type_: str) -> bytes:
         line = self.encoded.get(type_)
         if line is None:  # two watchers may both encode it first: the same bytes, one kept
-            line = self.encoded[type_] = json.dumps({"type": type_, "object": self.new}).encode() + b"\n"
+            line = self.encoded[type_] = watch_event_line(type_, self.new)
         return line
+
+
+def watch_event_line(type_: str, obj: Obj) -> bytes:
+    """One watch event as the stream carries it: a JSON object and a newline."""
+    return json.dumps({"type": type_, "object": obj}).encode() + b"\n"
 
 
 @dataclass
