@@ -5,9 +5,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Every pip that make runs, and the ones it starts (the molecule scenarios' and the sandbox's wheelhouse
+# builds), installs the versions in constraints.txt: a new upstream release reaches the project only through
+# `make lock` and a commit that passes the tests. Override with PIP_CONSTRAINT=<file> (empty: none).
+export PIP_CONSTRAINT ?= $(CURDIR)/constraints.txt
 PYTEST_ARGS ?= --durations=30 --durations-min=15  # the slowest tests in every run's log (CI's too)
 
-.PHONY: setup system-deps gpusim test test-fast molecule lint bench chaos demo demo-quick sandbox-up sandbox-down clean \
+.PHONY: setup lock system-deps gpusim test test-fast molecule lint bench chaos demo demo-quick sandbox-up sandbox-down clean \
 	device-wheels hami-core-src device-check device-check-dry
 
 setup: $(STAMP) gpusim
@@ -15,12 +19,16 @@ setup: $(STAMP) gpusim
 system-deps:
 	scripts/install-system-deps.sh
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Re-resolve the dependencies at their newest allowed versions into constraints.txt (then make test).
+lock:
+	PYTHON=$(PYTHON) scripts/lock-deps.sh
 
 gpusim:
 	$(MAKE) --no-print-directory -C tests/gpusim
@@ -91,7 +99,7 @@ hami-core-src:
 
 DEVICE_SITE ?= /tmp/hami-device-site
 device-check:
-	if ls .whl/*.whl >/dev/null 2>&1; then $(DEVICE_PYTHON) -m pip install -q --no-index --no-deps --no-compile \
+	if ls .whl/*.whl >/dev/null 2>&1; then PIP_CONSTRAINT= $(DEVICE_PYTHON) -m pip install -q --no-index --no-deps --no-compile \
 		--no-cache-dir --upgrade --target $(DEVICE_SITE) .whl/*.whl; fi
 	PYTHONPATH="$(DEVICE_SITE)$${PYTHONPATH:+:$$PYTHONPATH}" $(DEVICE_PYTHON) scripts/device_check.py \
 		--out $(DEVICE_CHECK_OUT) $(if $(wildcard .hami-core/CMakeLists.txt),--hami-core-src .hami-core) \
