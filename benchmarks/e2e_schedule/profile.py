@@ -6,14 +6,16 @@
 * ``extender``: the same with the extender process under cProfile, a per-thread CPU clock in every thread
   (``time.thread_time``: waiting costs nothing), stats dumped to ``--out`` and the top printed.
 * ``allocate``: the same with each node-host process adding up the thread CPU of the device plugin's
-  Allocate path (the RPC's thread, ``Allocator.allocate``, the lock release, GetPreferredAllocation);
-  prints ms per Allocate.
+  Allocate path: Allocate's and GetPreferredAllocation's own steps on the gRPC loop and their bodies on the
+  ``DeadlineRunner``'s threads, and the lock release; prints ms per Allocate (grpc.aio's own work on the
+  loop around the steps, and gRPC's C core, are not in it).
 * ``threads``: the same with the threads of the extender and of the node-host processes mapped from their
   kernel ids to their Python names, their CPU and context switches read from ``/proc/<pid>/task/*/`` at
   the start and the end of the scheduling window (no profiler inflates it); prints both per scheduled pod
   by thread name, pools and the node hosts' processes added up.
 
-Run: ``python -m benchmarks.e2e_schedule.profile MODE [--nodes 20] [--pods 200] [--out DIR]``.
+Run: ``python -m benchmarks.e2e_schedule.profile MODE [--nodes 20] [--pods 200] [--out DIR]``. Exits 1 when
+not every pod ran (a profile of a run that did not schedule measures nothing).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import glob
+import inspect
 import json
 import os
 import re
@@ -30,6 +33,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 SELF = "benchmarks.e2e_schedule.profile"
 
@@ -72,32 +77,85 @@ def _profiled(module: str, argv: list[str], out: str) -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
+class _OwnSteps:
+    """Awaits a coroutine, adding up the thread CPU of its own steps only: each step runs on the event loop
+    between two awaits, and what the loop runs for other tasks in between is not counted (a thread-CPU
+    clock read around the whole ``await`` would count it)."""
+
+    def __init__(self, coro: Any, add: Callable[[float], None]) -> None:
+        self.coro, self.add = coro, add
+
+    def __await__(self) -> Any:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            t0 = time.thread_time()
+            try:
+                yielded = self.coro.throw(error) if error is not None else self.coro.send(value)
+            except StopIteration as stop:
+                self.add(time.thread_time() - t0)
+                return stop.value
+            except BaseException:
+                self.add(time.thread_time() - t0)
+                raise
+            self.add(time.thread_time() - t0)
+            value, error = None, None
+            try:
+                value = yield yielded
+            except BaseException as exc:  # noqa: BLE001 - thrown into the coroutine, as await does
+                error = exc
+
+
 def _allocate_cpu(module: str, argv: list[str], out: str) -> None:
-    """Run ``module`` adding up the thread CPU of the device plugin's Allocate path; JSON to ``out``."""
-    from hami_agent.deviceplugin import allocator, latewriter, server
+    """Run ``module`` adding up the thread CPU of the device plugin's Allocate path; JSON to ``out``.
+
+    The unary RPCs are ``async`` (grpc.aio's loop runs their own steps and hands the body to the
+    ``DeadlineRunner``'s threads): each RPC is counted as its steps on the loop plus its body on the
+    runner's thread, and the lock release on the late writer's thread."""
+    from hami_agent import kubeletplugin
+    from hami_agent.deviceplugin import latewriter, server
 
     acc: dict[str, list] = {}
     lock = threading.Lock()
 
-    def wrap(cls: type, name: str, key: str) -> None:
-        real = getattr(cls, name)
+    def add(key: str, seconds: float, calls: int) -> None:
+        with lock:
+            c = acc.setdefault(key, [0.0, 0])
+            c[0] += seconds
+            c[1] += calls
 
-        def timed(*a, **kw):
+    def timed(fn: Callable, key: str) -> Callable:
+        def run(*a, **kw):
             t0 = time.thread_time()
             try:
-                return real(*a, **kw)
+                return fn(*a, **kw)
             finally:
-                with lock:
-                    c = acc.setdefault(key, [0.0, 0])
-                    c[0] += time.thread_time() - t0
-                    c[1] += 1
+                add(key, time.thread_time() - t0, 1)
+        return run
 
-        setattr(cls, name, timed)
+    def wrap_sync(cls: type, name: str, key: str) -> None:
+        setattr(cls, name, timed(getattr(cls, name), key))
 
-    wrap(allocator.Allocator, "allocate", "allocate")
-    wrap(latewriter.LateWriter, "_attempt", "lock release")
-    wrap(server.DevicePluginServicer, "Allocate", "Allocate RPC thread")
-    wrap(server.DevicePluginServicer, "GetPreferredAllocation", "GetPreferredAllocation")
+    def wrap_async(cls: type, name: str, key: str) -> None:
+        real = getattr(cls, name)
+        assert inspect.iscoroutinefunction(real), f"{cls.__name__}.{name} is not async: adapt the profile"
+
+        async def steps(*a, **kw):
+            add(key, 0.0, 1)
+            return await _OwnSteps(real(*a, **kw), lambda dt: add(key, dt, 0))
+
+        setattr(cls, name, steps)
+
+    real_run_async = kubeletplugin.DeadlineRunner.run_async
+
+    async def run_async(self, fn, what: str):  # the body, on the runner's thread
+        return await real_run_async(self, timed(fn, f"{what.split(maxsplit=1)[0]} body"), what)
+
+    kubeletplugin.DeadlineRunner.run_async = run_async  # type: ignore[method-assign]
+    wrap_sync(latewriter.LateWriter, "_attempt", "lock release")
+    wrap_async(server.DevicePluginServicer, "Allocate", "Allocate on the gRPC loop")
+    wrap_async(server.DevicePluginServicer, "GetPreferredAllocation",
+               "GetPreferredAllocation on the gRPC loop")
     atexit.register(lambda: json.dump(acc, open(out, "w")))  # noqa: SIM115
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -232,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     r = _run_case(args.nodes, args.pods, None if args.mode == "case" else args.mode, out)
     print(json.dumps({k: r[k] for k in ("nodes", "pods", "running", "cpu_ms_per_pod", "api_requests_per_pod",
                                         "pods_per_s")}))
+    if r["running"] < args.pods:  # a profile of a run that did not schedule is no profile (a broken wrapper)
+        print(f"profile: only {r['running']} of {args.pods} pods are Running; logs: {out}", file=sys.stderr)
+        return 1
     if args.mode == "threads":
         for part, threads in r.get("threads_per_pod", {}).items():
             print(f"{part}, per scheduled pod:")
@@ -259,10 +320,15 @@ def main(argv: list[str] | None = None) -> int:
                 a = acc.setdefault(k, [0.0, 0])
                 a[0] += s
                 a[1] += c
-        calls = max((c for _s, c in acc.values()), default=0)
-        per = {k: s * 1e3 / c for k, (s, c) in acc.items()}
-        print(json.dumps({"allocates": calls, "ms_per_allocate": per,
+        calls = acc.get("Allocate body", [0.0, 0])[1]
+        per = {k: s * 1e3 / max(1, calls) for k, (s, _c) in acc.items()}
+        print(json.dumps({"allocates": calls, "calls": {k: c for k, (_s, c) in acc.items()},
+                          "ms_per_allocate": per,
                           "total_ms_per_allocate": sum(s for s, _c in acc.values()) * 1e3 / max(1, calls)}))
+        if calls < r["running"] or not calls:
+            print(f"profile: {calls} Allocate bodies counted for {r['running']} running pods: the wrappers "
+                  "missed the RPCs", file=sys.stderr)
+            return 1
     return 0
 
 

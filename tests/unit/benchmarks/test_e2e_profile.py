@@ -54,3 +54,58 @@ def test_a_missing_names_file_falls_back_to_the_kernel_names(tmp_path) -> None:
     out = thread_cpu(os.getpid(), str(tmp_path / "none"))
     assert out and all(isinstance(k, str) and k for k in out)
     assert sum(cpu for cpu, _n in out.values()) > 0
+
+
+def test_own_steps_count_the_coroutines_steps_and_not_the_loops_other_work() -> None:
+    import asyncio
+
+    from benchmarks.e2e_schedule.profile import _OwnSteps
+
+    counted: list[float] = []
+
+    async def rpc() -> str:
+        _spin(0.02)
+        await asyncio.sleep(0.05)  # meanwhile the loop runs `other`: not this coroutine's CPU
+        _spin(0.02)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            _spin(0.01)
+            return "cancelled, answered"
+        return "slept"
+
+    async def other() -> None:
+        _spin(0.2)
+
+    async def main() -> str:
+        task = asyncio.ensure_future(_OwnSteps(rpc(), counted.append))
+        await asyncio.sleep(0.01)
+        await other()
+        await asyncio.sleep(0.1)
+        task.cancel()  # thrown into the coroutine, which catches it and answers
+        return await task
+
+    assert asyncio.run(main()) == "cancelled, answered"
+    assert 0.045 <= sum(counted) < 0.15, counted  # its 0.05 s of steps, not the other task's 0.2 s
+    assert len(counted) == 3  # three steps: start, after the first sleep, after the cancel
+
+
+def test_own_steps_pass_an_exception_out() -> None:
+    import asyncio
+
+    import pytest
+
+    from benchmarks.e2e_schedule.profile import _OwnSteps
+
+    counted: list[float] = []
+
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("no device")
+
+    async def main() -> None:
+        await _OwnSteps(failing(), counted.append)
+
+    with pytest.raises(ValueError, match="no device"):
+        asyncio.run(main())
+    assert len(counted) == 2  # the step before the sleep and the one that raised
