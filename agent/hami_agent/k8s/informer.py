@@ -62,6 +62,15 @@ def _rv(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
 
+def _replaced(prev: Obj, obj: Obj) -> bool:
+    """Another object under the same name: deleted and created again (a StatefulSet's pod, a re-registered
+    Node) while the watch did not see it. Handlers keyed by UID get the old one's delete and the new one's
+    add, as an unbroken watch would have shown; client-go's Replace hands them an update across the two
+    UIDs, which a UID-keyed handler misreads (the old pod's GPUs would stay counted)."""
+    old_uid, uid = (prev.get("metadata") or {}).get("uid"), (obj.get("metadata") or {}).get("uid")
+    return bool(old_uid and uid and old_uid != uid)
+
+
 class Informer:
     """Watch-backed cache of ``kind`` ("pods" or "nodes"; any kind ``KubeClient`` knows works).
 
@@ -214,10 +223,15 @@ class Informer:
             self._cache = fresh
             self.resource_version = rv
         added = [o for k, o in fresh.items() if k not in old]
-        updated = [(old[k], o) for k, o in fresh.items() if k in old and _rv(old[k]) != _rv(o)]
+        replaced = [(old[k], o) for k, o in fresh.items() if k in old and _replaced(old[k], o)]
+        updated = [(old[k], o) for k, o in fresh.items()
+                   if k in old and _rv(old[k]) != _rv(o) and not _replaced(old[k], o)]
         deleted = [o for k, o in old.items() if k not in fresh]
         with self._deliver_lock:
             for o in added:
+                self._fire("add", o)
+            for prev, o in replaced:
+                self._fire("delete", prev)
                 self._fire("add", o)
             for prev, o in updated:
                 self._fire("update", o, prev)

@@ -140,6 +140,31 @@ def test_relists_after_410_expired_and_reports_missed_changes(api_server: ApiSer
     assert wait_until(lambda: inf.get(None, "gpu-4") is not None)
 
 
+def test_a_pod_recreated_under_its_name_while_unwatched_is_a_delete_and_an_add(
+        api_server: ApiServer, kube: KubeClient, informers: list) -> None:
+    # A StatefulSet's pod deleted and created again during a watch gap: the relist finds the same name
+    # with another UID. A UID-keyed handler (the extender's usage cache) must hear the old pod's delete,
+    # or its GPUs stay counted.
+    api_server.create(pod("web-0"))
+    inf = Informer(kube, kind="pods", resync_s=0)
+    seen: list[tuple[str, str]] = []
+    inf.add_handler(on_add=lambda o: seen.append(("add", o["metadata"]["uid"])),
+                    on_update=lambda _o, n: seen.append(("update", n["metadata"]["uid"])),
+                    on_delete=lambda o: seen.append(("delete", o["metadata"]["uid"])))
+    informers.append(inf.start())
+    assert inf.wait_synced(5)
+    first = inf.get("default", "web-0")["metadata"]["uid"]
+    api_server.stop()
+    api_server.delete("pods", "default", "web-0")
+    api_server.create(pod("web-0"))
+    api_server.compact()  # the informer must relist
+    api_server.start()
+    assert wait_until(lambda: inf.relists == 2 and len(seen) >= 3, 10)
+    second = inf.get("default", "web-0")["metadata"]["uid"]
+    assert second != first
+    assert seen == [("add", first), ("delete", first), ("add", second)]
+
+
 def test_periodic_resync_redelivers_cached_objects(api_server: ApiServer, kube: KubeClient,
                                                    informers: list) -> None:
     api_server.create(node("gpu-1"))
