@@ -104,6 +104,24 @@ def test_lost_bind_answer_is_read_back_and_the_lock_is_kept(api_server):
         check_cluster(api_server, [app], allocations=None)
 
 
+def test_an_in_doubt_binding_whose_repair_cannot_be_queued_ends_with_the_node_lock(api_server):
+    # The repair queue full (an API outage): the in-doubt mark, which refuses the pod's /filter and /bind,
+    # used to stay for good since only the repair task removed it. It ends when the node lock expires.
+    api_server.create(gpu_node("gpu-1", gpus=1, mem=10000))
+    a = create(api_server, gpu_pod("a", mem=1000))
+    with extender(api_server, replace(FAST, node_lock_timeout_s=2.0), timeout_s=0.5) as (app, ext):
+        app.healer.max_tasks = 0  # every submit refused, as with 1,024 repairs queued
+        assert filter_(ext, a)["NodeNames"] == ["gpu-1"]
+        api_server.inject_fault(None, method="POST", path_regex=r"/pods/a/binding$", times=2, delay_s=3.0)
+        res = bind(ext, a)
+        assert "outcome is unknown" in res["Error"], res
+        uid = a["metadata"]["uid"]
+        assert app.healer.refused >= 1
+        assert app.extender.binder.in_doubt(uid)
+        assert "still being resolved" in bind(ext, a)["Error"]
+        assert wait_for(lambda: not app.extender.binder.in_doubt(uid), 6)  # the 2 s lock timeout
+
+
 def test_lost_bind_answer_read_back_as_bound_is_a_success(api_server):
     api_server.create(gpu_node("gpu-1", gpus=1, mem=10000))
     a = create(api_server, gpu_pod("a", mem=1000))

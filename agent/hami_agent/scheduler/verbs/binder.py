@@ -109,11 +109,24 @@ class Binder:
         self._lock = threading.Lock()
         self._active: set[str] = set()  # uids with a /bind in progress
         self._lock_waits: dict[str, tuple[float, int]] = {}  # uid -> (its wait's deadline, waits so far)
-        self._in_doubt: dict[str, str] = {}  # uid -> node of a binding whose outcome is unknown
+        # uid -> (node, when the node lock expires) of a binding whose outcome is unknown: resolved by a
+        # repair task, or forgotten at that deadline (the repair queue may be full: a pod must not stay
+        # refused for good, and the lock expiry frees the node anyway)
+        self._in_doubt: dict[str, tuple[str, float]] = {}
 
     def in_doubt(self, uid: str) -> bool:
         with self._lock:
-            return uid in self._in_doubt
+            return self._doubted(uid)
+
+    def _doubted(self, uid: str) -> bool:
+        """``uid``'s binding outcome is unknown and its node lock has not expired (caller holds the lock)."""
+        entry = self._in_doubt.get(uid)
+        if entry is None:
+            return False
+        if time.monotonic() > entry[1]:
+            del self._in_doubt[uid]
+            return False
+        return True
 
     # --------------------------------------------------------------------------------- /bind
     def bind(self, b: BindArgs) -> dict | Future:
@@ -127,7 +140,7 @@ class Binder:
         if rec is None:  # no GPU: nothing to lock or check against a decision (kube-scheduler chose)
             return self._finish_binding(b, pod, None)
         with self._lock:
-            if b.uid in self._in_doubt:
+            if self._doubted(b.uid):
                 return self._refuse(b, "an earlier binding of this pod is still being resolved")
             if b.uid in self._active:
                 return self._refuse(b, "a bind of this pod is already in progress")
@@ -372,7 +385,7 @@ class Binder:
             if not self.gate.lease_valid():
                 return 2.0  # only the leader writes; the lock expiry is the backstop
             with self._lock:
-                if b.uid in self._active or b.uid in self._in_doubt:
+                if b.uid in self._active or self._doubted(b.uid):
                     return 1.0  # a new bind of this pod may rely on this lock
             try:
                 where = self._bound_where(b)
@@ -430,9 +443,11 @@ class Binder:
 
     # --------------------------------------------------------------------- in-doubt bindings
     def _mark_in_doubt(self, b: BindArgs, lock_value: str | None) -> None:
-        with self._lock:
-            self._in_doubt[b.uid] = b.node
         give_up_at = time.monotonic() + self.config.node_lock_timeout_s
+        with self._lock:
+            for uid in [u for u, (_n, until) in self._in_doubt.items() if time.monotonic() > until]:
+                del self._in_doubt[uid]  # expired unresolved (their repair was never queued)
+            self._in_doubt[b.uid] = (b.node, give_up_at)
 
         def done() -> None:
             with self._lock:
