@@ -91,3 +91,20 @@ def test_event_texts():
     assert ev.filtering_succeed_message("a", 1, 2, ["a", "b"], {"a": 15.0, "b": 3.333}) == \
         "find fit node(a), 1 nodes not fit, 2 nodes fit(a:15.00,b:3.33)"
     assert ev.binding_succeed_message("n", "ns", "p") == "Successfully binding node [n] to ns/p"
+
+
+def test_a_filtering_failed_event_for_thousands_of_nodes_fits_the_apis_message_limit():
+    failed = {f"gpu-node-{i:05d}": "1/8 CardInsufficientMemory" for i in range(5000)}
+    (msg,) = ev.filtering_failed_messages(failed)
+    assert len(msg) <= ev.MESSAGE_MAX
+    assert msg.startswith("5000 nodes CardInsufficientMemory(gpu-node-00000,gpu-node-00001,")
+    listed = msg[len("5000 nodes CardInsufficientMemory("):msg.index(",...(+")].split(",")
+    assert listed == sorted(failed)[:len(listed)]
+    assert msg.endswith(f",...(+{5000 - len(listed)} more))")
+    # a list that fits is written whole, as HAMi writes it
+    few = {f"n{i}": "1/1 CardInsufficientMemory" for i in range(3)}
+    assert ev.filtering_failed_messages(few) == ["3 nodes CardInsufficientMemory(n0,n1,n2)"]
+    # and one just over the limit keeps as many names as fit beside the marker
+    names = [f"{i:03d}" + "x" * 96 for i in range(10)]  # 10 names of 99 characters: 999 + commas + head
+    (cut,) = ev.filtering_failed_messages(dict.fromkeys(names, "1/1 CardInsufficientMemory"))
+    assert len(cut) <= ev.MESSAGE_MAX and cut.endswith("more))") and names[0] in cut

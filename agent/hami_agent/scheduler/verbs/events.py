@@ -54,8 +54,27 @@ def filtering_failed_messages(failed: dict[str, str]) -> list[str]:
             by_reason.setdefault(word, []).append(node)
     if not by_reason:
         return [f"no available node, {len(failed)} nodes do not meet"]
-    return [f"{len(nodes)} nodes {reason}({','.join(sorted(nodes))})"
+    return [_listed(f"{len(nodes)} nodes {reason}(", sorted(nodes), ")")
             for reason, nodes in sorted(by_reason.items())]
+
+
+def _listed(head: str, names: list[str], tail: str) -> str:
+    """``head`` + the names joined by commas + ``tail``, within ``MESSAGE_MAX``: the names that do not fit
+    become ``...(+<n> more)``. HAMi lists every node; at thousands of nodes that is ~100 KB per event, which
+    the API cuts anyway, and up to 10,000 such messages could wait in the queue, 9 per pod in the
+    aggregation cache."""
+    full = head + ",".join(names) + tail
+    if len(full) <= MESSAGE_MAX:
+        return full
+    out: list[str] = []
+    size = len(head) + len(tail)
+    for i, name in enumerate(names):
+        need = len(name) + (1 if out else 0) + len(f",...(+{len(names) - i - 1} more)")
+        if size + need > MESSAGE_MAX:
+            break
+        size += len(name) + (1 if out else 0)
+        out.append(name)
+    return f"{head}{','.join(out)}{',' if out else ''}...(+{len(names) - len(out)} more){tail}"
 
 
 def filtering_succeed_message(node: str, n_unfit: int, n_fit: int, fit_nodes: list[str],
@@ -69,6 +88,8 @@ def filtering_succeed_message(node: str, n_unfit: int, n_fit: int, fit_nodes: li
 def binding_succeed_message(node: str, namespace: str, name: str) -> str:
     return f"Successfully binding node [{node}] to {namespace}/{name}"
 
+
+MESSAGE_MAX = 1024  # what KubeClient.create_event keeps of a message (the API's limit)
 
 # client-go tools/record/events_cache.go
 MAX_LRU_ENTRIES = 4096
