@@ -60,9 +60,9 @@ def filtering_failed_messages(failed: dict[str, str]) -> list[str]:
 
 def _listed(head: str, names: list[str], tail: str) -> str:
     """``head`` + the names joined by commas + ``tail``, within ``MESSAGE_MAX``: the names that do not fit
-    become ``...(+<n> more)``. HAMi lists every node; at thousands of nodes that is ~100 KB per event, which
-    the API cuts anyway, and up to 10,000 such messages could wait in the queue, 9 per pod in the
-    aggregation cache."""
+    become ``...(+<n> more)``. HAMi lists every node; at thousands of nodes that is ~60-100 KB per event,
+    which ``KubeClient.create_event`` cut anyway, while up to 10,000 such messages could wait in the queue
+    and 9 per pod in the aggregation cache."""
     full = head + ",".join(names) + tail
     if len(full) <= MESSAGE_MAX:
         return full
