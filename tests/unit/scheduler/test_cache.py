@@ -45,6 +45,20 @@ def test_pod_usage_applied_and_removed_incrementally():
     assert c.namespace_usage("ns") == (0, 0)
 
 
+def test_pod_churn_leaves_no_entry_per_node_or_namespace_behind():
+    # autoscaled nodes and per-run namespaces come and go: the indexes keep only what holds pods
+    c = UsageCache()
+    for i in range(50):
+        c.set_node(f"n{i}", [dev(0)])
+        c.add_pod(PodUsage(f"u{i}", f"ci-run-{i}", "p", f"n{i}", {"GPU-0": DeviceAmount(1, 1000, 10)}))
+        c.remove_pod(f"u{i}")
+        c.remove_node(f"n{i}")
+    c.add_pod(PodUsage("kept", "prod", "p", "n0", {"GPU-0": DeviceAmount(1, 1000, 10)}))
+    assert c._pods_by_node == {"n0": {"kept"}}
+    assert c._ns_usage == {"prod": [1000, 10]}
+    assert c.namespace_usage("ci-run-3") == (0, 0)
+
+
 def test_pod_before_node_and_node_reregistration_keep_usage():
     c = UsageCache()
     c.add_pod(PodUsage("u1", "ns", "p1", "n1", {"GPU-0": DeviceAmount(1, 1000, 0)}))

@@ -381,12 +381,18 @@ class UsageCache:
             return old  # informer echo of our own reservation: nothing changed
         if old is not None:
             del self.pods[uid]
-            self._pods_by_node.get(old.node, set()).discard(uid)
+            on_node = self._pods_by_node.get(old.node)
+            if on_node is not None:
+                on_node.discard(uid)
+                if not on_node:  # every node name ever seen would keep an empty set (node churn)
+                    del self._pods_by_node[old.node]
             ns = self._ns_usage.get(old.namespace)
             if ns is not None:
                 for a in old.devices.values():
                     ns[0] -= a.mem
                     ns[1] -= a.cores
+                if ns == [0, 0]:  # nor every namespace ever seen (CI clusters make one per run)
+                    del self._ns_usage[old.namespace]
             st = self.nodes.get(old.node)
             if st is not None:
                 self._apply(st, old, -1)
