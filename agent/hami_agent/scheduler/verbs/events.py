@@ -89,7 +89,7 @@ def binding_succeed_message(node: str, namespace: str, name: str) -> str:
     return f"Successfully binding node [{node}] to {namespace}/{name}"
 
 
-MESSAGE_MAX = 1024  # what KubeClient.create_event keeps of a message (the API's limit)
+MESSAGE_MAX = 1024  # what KubeClient.create_event keeps of a message (events.k8s.io's limit on a note)
 
 # client-go tools/record/events_cache.go
 MAX_LRU_ENTRIES = 4096
