@@ -132,7 +132,9 @@ class _Conn:
             if not self.feed(ex, read_timeout):
                 break
         reusable = ex.complete and ex.framed and ex.keep_alive
-        return Response(ex.parser.get_status_code(), b"".join(ex.body), ex.headers), reusable
+        response = Response(ex.parser.get_status_code(), b"".join(ex.body), ex.headers)
+        ex.parser = None  # it holds ex's bound callbacks: a cycle (with the body's pieces) for the collector
+        return response, reusable
 
     def send(self, request: bytes, read_timeout: float) -> _Exchange:
         self.sock.settimeout(read_timeout)
