@@ -164,6 +164,17 @@ def test_decision_log_is_bounded_and_expires():
     assert log.get("u4") is None
 
 
+def test_decision_log_drops_expired_records_without_a_lookup():
+    # the records of pods that never reach /bind (deleted while pending) must not wait for the cap
+    now = [0.0]
+    log = DecisionLog(ttl_s=10, max_entries=20000, clock=lambda: now[0])
+    for i in range(100):
+        now[0] = i * 0.5  # two /filters a second
+        log.put(FilterDecision(f"u{i}", "default", f"p{i}", "n1", "", "0"))
+    assert len(log) == 20  # the last ten seconds' records, never looked up again
+    assert log.get("u79") is None and log.get("u80").name == "p80"
+
+
 # ------------------------------------------------------------------------------- leader gate
 class FakeElector:
     def __init__(self, leading: bool, holder: str = "b", url: str | None = "https://b:9443") -> None:

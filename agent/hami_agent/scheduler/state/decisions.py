@@ -50,8 +50,13 @@ class DecisionLog:
 
     def put(self, d: FilterDecision) -> None:
         with self._lock:
+            now = self._clock()
             self._items.pop(d.uid, None)
-            self._items[d.uid] = (self._clock() + self.ttl_s, d)
+            self._items[d.uid] = (now + self.ttl_s, d)
+            # oldest first, and every record lives ttl_s: the expired ones are at the front. Without this, the
+            # records of pods that never reach /bind (deleted while pending, refused) stayed until the cap
+            while self._items and next(iter(self._items.values()))[0] <= now:
+                self._items.popitem(last=False)
             while len(self._items) > self.max_entries:
                 self._items.popitem(last=False)
 
