@@ -618,7 +618,7 @@ class _Connection(asyncio.Protocol):
         self.server._forget(self)
         # the parser holds this connection's bound callbacks and this connection holds the parser: without
         # this cut, every closed connection (with its TLS protocol's 256 KB buffer) waited for a gen-2
-        # collection, which counts objects, not bytes (the leader's RSS grew ~4 MB a minute under churn)
+        # collection, which counts objects, not bytes
         self.parser = None
 
     def _close_after(self, data: bytes) -> None:

@@ -124,7 +124,7 @@ def test_idle_tls_socket_does_not_block_others(pki):
 def test_a_closed_connection_leaves_no_cycle_for_the_collector(pki):
     # The httptools parser holds its connection's bound callbacks: unbroken, every closed connection (its
     # TLS protocol with a 256 KB buffer included) waited for a full collection, which counts objects, not
-    # bytes; a chaos soak's leader grew ~4 MB of RSS a minute that way.
+    # bytes (found while looking into a chaos soak's extender memory).
     import asyncio.sslproto
     import gc
 
