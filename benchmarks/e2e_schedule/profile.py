@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"allocates": calls, "calls": {k: c for k, (_s, c) in acc.items()},
                           "ms_per_allocate": per,
                           "total_ms_per_allocate": sum(s for s, _c in acc.values()) * 1e3 / max(1, calls)}))
-        if calls < r["running"] or not calls:
+        if calls < r["running"]:
             print(f"profile: {calls} Allocate bodies counted for {r['running']} running pods: the wrappers "
                   "missed the RPCs", file=sys.stderr)
             return 1

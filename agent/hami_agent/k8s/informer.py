@@ -222,10 +222,17 @@ class Informer:
             old = self._cache
             self._cache = fresh
             self.resource_version = rv
-        added = [o for k, o in fresh.items() if k not in old]
-        replaced = [(old[k], o) for k, o in fresh.items() if k in old and _replaced(old[k], o)]
-        updated = [(old[k], o) for k, o in fresh.items()
-                   if k in old and _rv(old[k]) != _rv(o) and not _replaced(old[k], o)]
+        added: list[Obj] = []
+        replaced: list[tuple[Obj, Obj]] = []
+        updated: list[tuple[Obj, Obj]] = []
+        for k, o in fresh.items():
+            prev = old.get(k)
+            if prev is None:
+                added.append(o)
+            elif _replaced(prev, o):
+                replaced.append((prev, o))
+            elif _rv(prev) != _rv(o):
+                updated.append((prev, o))
         deleted = [o for k, o in old.items() if k not in fresh]
         with self._deliver_lock:
             for o in added:

@@ -445,8 +445,8 @@ class Binder:
     def _mark_in_doubt(self, b: BindArgs, lock_value: str | None) -> None:
         give_up_at = time.monotonic() + self.config.node_lock_timeout_s
         with self._lock:
-            for uid in [u for u, (_n, until) in self._in_doubt.items() if time.monotonic() > until]:
-                del self._in_doubt[uid]  # expired unresolved (their repair was never queued)
+            for uid in list(self._in_doubt):
+                self._doubted(uid)  # drops the expired ones (their repair was never queued)
             self._in_doubt[b.uid] = (b.node, give_up_at)
 
         def done() -> None:
